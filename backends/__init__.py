@@ -1,0 +1,1 @@
+"""Compute backends, one folder each: cpu, opencl, vulkan, cuda."""
