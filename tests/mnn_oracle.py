@@ -1,0 +1,62 @@
+"""Record what MNN's own runtime (`MNN.llm`) does on a model folder, as a JSON file.
+
+Run it as a subprocess (MNN.llm can segfault):
+    python tests/mnn_oracle.py MODEL_DIR --prompts-json '["hello", ...]' --json-out ref.json --logits-out first.npy
+
+For each prompt it records the prompt ids, a greedy continuation of `steps` tokens made by
+`forward` with the KV cache kept, and (optionally) the first step's full logits.
+Settings are the oracle's: precision high, memory high, thread_num 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import numpy as np
+
+ORACLE_SETTINGS = {"precision": "high", "memory": "high", "thread_num": 2}
+
+
+def last_row(logits) -> np.ndarray:
+    values = np.array(logits.read(), dtype=np.float32)
+    return values.reshape(-1, values.shape[-1])[-1]
+
+
+def record(model_dir: str, prompts: list[str], steps: int, overrides: dict) -> tuple[dict, np.ndarray]:
+    import MNN.llm as mnn_llm
+
+    llm = mnn_llm.create(f"{model_dir}/config.json")
+    llm.set_config(json.dumps({**ORACLE_SETTINGS, **overrides}))
+    llm.load()
+    results, first_logits = [], []
+    for text in prompts:
+        llm.reset()
+        ids = [int(i) for i in llm.tokenizer_encode(text)]
+        logits = last_row(llm.forward(ids))
+        first_logits.append(logits)
+        greedy = [int(np.argmax(logits))]
+        while len(greedy) < steps:
+            greedy.append(int(np.argmax(last_row(llm.forward([greedy[-1]])))))
+        results.append({"text": text, "ids": ids, "greedy": greedy})
+    return {"settings": {**ORACLE_SETTINGS, **overrides}, "prompts": results}, np.stack(first_logits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--prompts-json", required=True)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--config-json", default="{}", help="extra set_config overrides")
+    parser.add_argument("--json-out", required=True, help="where to write the JSON record (MNN prints to stdout)")
+    parser.add_argument("--logits-out", help="save the first-step logits [n_prompts, vocab] as .npy")
+    args = parser.parse_args()
+    result, logits = record(args.model_dir, json.loads(args.prompts_json), args.steps,
+                            json.loads(args.config_json))
+    if args.logits_out:
+        np.save(args.logits_out, logits)
+    with open(args.json_out, "w", encoding="utf-8") as out:
+        json.dump(result, out, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Make the tiny real-export model fixtures under tests/fixtures/models/.
+
+For each spec: build a tiny HuggingFace model (random weights, fixed seed) with a byte-level
+BPE tokenizer trained on tools/corpus.py, export it with MNN's real exporter, and record what
+MNN's own runtime does on it (tests/mnn_oracle.py, in a subprocess). The HuggingFace source
+is committed beside the export as `hf/`, so weight tests can compare against it.
+
+    pip install -e '.[fixtures,test]'
+    python tools/make_fixtures.py            # all fixtures
+    python tools/make_fixtures.py qwen3      # only the named ones
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus  # noqa: E402
+from mnn_export import disable_converter_telemetry, export_mnn, save_hf_tokenizer, train_bpe_tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "models"
+ORACLE = REPO / "tests" / "mnn_oracle.py"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EXPORT_FILES = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight")
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "chat_template.jinja")
+
+PROMPTS = [
+    "hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "<|im_start|>user\nWhere does the farmer walk?<|im_end|>\n<|im_start|>assistant\n",
+    "café 日本語 👍🏽 12345",
+    # longer than one 100-token prefill chunk, so fixed-shape backends must chunk it
+    " ".join(corpus.sentences(14, seed=99, extras=False)),
+]
+
+
+@dataclass
+class FixtureSpec:
+    name: str
+    family: str                      # qwen2 | qwen3 | llama
+    export_args: list[str]
+    tied: bool = False
+    hf_overrides: dict = field(default_factory=dict)
+
+
+SPECS = [
+    FixtureSpec("qwen2_int4_b64", "qwen2", ["--quant_bit", "4", "--quant_block", "64"]),
+    FixtureSpec("qwen3_int4_b64", "qwen3", ["--quant_bit", "4", "--quant_block", "64"], hf_overrides={"head_dim": 32}),
+    FixtureSpec("llama_tied_int4", "llama", ["--quant_bit", "4", "--quant_block", "64"], tied=True),
+    FixtureSpec("qwen2_int8_b0", "qwen2", ["--quant_bit", "8", "--quant_block", "0"]),
+    FixtureSpec("llama_sym_int4", "llama", ["--quant_bit", "4", "--quant_block", "32", "--sym"]),
+    FixtureSpec("qwen2_embed_int8", "qwen2", ["--quant_bit", "4", "--quant_block", "64", "--embed_bit", "8"]),
+    FixtureSpec("qwen3_embed_int4", "qwen3", ["--quant_bit", "8", "--quant_block", "64", "--embed_bit", "4"],
+                hf_overrides={"head_dim": 32}),
+]
+
+TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.2)
+
+
+def build_tokenizer(hf_dir: Path):
+    tok = train_bpe_tokenizer(corpus.sentences(3000, seed=1), vocab_size=480, special_tokens=SPECIAL_TOKENS)
+    save_hf_tokenizer(tok, hf_dir, eos="<|im_end|>", pad="<|endoftext|>")
+    return tok
+
+
+def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
+    import torch
+    import transformers
+
+    config_class, model_class = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    }[spec.family]
+    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,
+                          bos_token_id=0, pad_token_id=0, torch_dtype="bfloat16",
+                          **{**TINY_SHAPE, **spec.hf_overrides})
+    torch.manual_seed(sum(map(ord, spec.name)))
+    model = model_class(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(hf_dir)
+
+
+def mnn_op_counts(model_dir: Path) -> dict[str, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "llm.json"
+        subprocess.run([sys.executable, "-c", "import sys; from MNN.tools import mnnconvert; "
+                        "sys.argv = ['mnnconvert'] + sys.argv[1:]; mnnconvert.main()",
+                        "-f", "MNN", "--modelFile", str(model_dir / "llm.mnn"), "--JsonFile", str(dump)],
+                       check=True, capture_output=True)
+        graph = json.loads(dump.read_text())
+    return dict(sorted(Counter(op["type"] for op in graph["oplists"]).items()))
+
+
+def record_oracle(model_dir: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "oracle.json"
+        subprocess.run([sys.executable, str(ORACLE), str(model_dir), "--prompts-json", json.dumps(PROMPTS),
+                        "--steps", "16", "--json-out", str(record),
+                        "--logits-out", str(model_dir / "first_logits.npy")], check=True, capture_output=True)
+        return json.loads(record.read_text())
+
+
+def to_readable_json(value: dict) -> str:
+    """JSON with one prompt record per line, so diffs of regenerated fixtures stay readable."""
+    prompts = value["prompts"]
+    head = json.dumps({k: v for k, v in value.items() if k != "prompts"}, indent=1, ensure_ascii=False)
+    rows = ",\n  ".join(json.dumps(p, ensure_ascii=False) for p in prompts)
+    return head[:-2] + ',\n "prompts": [\n  ' + rows + "\n ]\n}\n"
+
+
+def make_fixture(spec: FixtureSpec) -> Path:
+    dest = FIXTURES / spec.name
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "out"
+        tok = build_tokenizer(hf_dir)
+        build_hf_model(spec, hf_dir, vocab_size=tok.get_vocab_size())
+        export_mnn(hf_dir, out_dir, *spec.export_args)
+        shutil.rmtree(dest, ignore_errors=True)
+        (dest / "hf").mkdir(parents=True)
+        keep = [p for p in out_dir.iterdir() if p.name in EXPORT_FILES or p.name.startswith(("tokenizer", "embeddings"))]
+        for path in keep:
+            shutil.copy2(path, dest / path.name)
+        for name in HF_FILES:
+            if (hf_dir / name).exists():
+                shutil.copy2(hf_dir / name, dest / "hf" / name)
+    reference = record_oracle(dest)
+    reference["export_args"] = spec.export_args
+    reference["family"] = spec.family
+    reference["tied"] = spec.tied
+    reference["op_counts"] = mnn_op_counts(dest)
+    (dest / "reference.json").write_text(to_readable_json(reference))
+    return dest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Make the tiny real-export model fixtures.")
+    parser.add_argument("names", nargs="*", help="fixture names (default: all)")
+    args = parser.parse_args()
+    disable_converter_telemetry()
+    for spec in SPECS:
+        if not args.names or spec.name in args.names:
+            path = make_fixture(spec)
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            print(f"{spec.name}: {size / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Run MNN's real exporter (`llmexport`) on a HuggingFace-format folder, safely and offline.
+
+Shared by make_fixtures.py, make_bench_model.py and train_demo_model.py.
+
+`mnn`'s converter imports MNN/tools/utils/log.py, which pip-installs a logging SDK into
+whatever Python `pip` resolves to and then posts usage logs. We make that module raise
+ImportError before anything imports it; the converter runs fine without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+TELEMETRY_GUARD = 'raise ImportError("converter telemetry disabled by mnngpu tools")\n'
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"error: the '{name}' package is not installed; run: pip install -e '.[fixtures,test]'")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def disable_converter_telemetry() -> Path:
+    """Make MNN/tools/utils/log.py raise ImportError on import. Idempotent."""
+    log_module = _package_dir("MNN") / "tools" / "utils" / "log.py"
+    text = log_module.read_text()
+    if not text.startswith(TELEMETRY_GUARD):
+        log_module.write_text(TELEMETRY_GUARD + text)
+    return log_module
+
+
+def export_mnn(hf_dir: Path, out_dir: Path, *extra_args: str, quiet: bool = True) -> Path:
+    """Export hf_dir to out_dir with `llmexport --export mnn`; returns out_dir."""
+    disable_converter_telemetry()
+    script_dir = _package_dir("llmexport")
+    argv = [sys.executable, "llmexport.py", "--path", str(Path(hf_dir).resolve()),
+            "--export", "mnn", "--dst_path", str(Path(out_dir).resolve()), *extra_args]
+    done = subprocess.run(argv, cwd=script_dir, capture_output=quiet, text=True)
+    if done.returncode != 0 or not (Path(out_dir) / "llm.mnn").exists():
+        tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-4000:]
+        raise RuntimeError(f"llmexport failed for {hf_dir} (exit {done.returncode}):\n{tail}")
+    return Path(out_dir)
+
+
+def train_bpe_tokenizer(lines, vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE tokenizer (GPT-2/Qwen style) trained offline on `lines`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def save_hf_tokenizer(tok, hf_dir: Path, eos: str, pad: str, bos: str | None = None,
+                      chat_template: str = CHATML_TEMPLATE) -> None:
+    """Write tokenizer.json + tokenizer_config.json the way transformers expects them."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, bos_token=bos)
+    fast.chat_template = chat_template
+    fast.save_pretrained(hf_dir)
