@@ -1,0 +1,702 @@
+"""LlmConfig: the merged model configuration, with MNN's defaults, typed getters and checks.
+
+The load order follows MNN's engine:
+
+1. `config.json` (runtime settings). `base_dir` is its folder unless it sets `base_dir`.
+2. `llm_config.json` (the model's facts), found at `base_dir / config["llm_config"]`,
+   deep-merged on top: **llm_config.json wins** where both set a key.
+3. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
+   `jinja.context`.
+4. `set_config(overrides)`, deep-merged last.
+
+Every value is checked after loading and after each `set_config`; a bad one raises
+ConfigError naming the file that set it, the key and what was expected. Keys MNN never
+reads draw a ConfigWarning (most often a typo). Nothing here writes to the model folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mnngpu.backend import REGISTRY
+from mnngpu.errors import ConfigError
+
+CONFIG_FILE = "config.json"
+SET_CONFIG = "set_config()"  # the "file" an override is blamed on
+
+KNOWN_BACKENDS: tuple[str, ...] = tuple(REGISTRY)
+LEVELS = ("low", "normal", "high")  # precision, power, memory
+SAMPLER_TYPES = ("greedy", "temperature", "topK", "topP", "minP", "min_p", "tfs", "typical", "penalty",
+                 "mixed")
+SPECULATIVE_TYPES = ("", "lookahead", "mtp", "draftmodel", "eagle", "dflash")
+ATTENTION_TYPES = ("full", "sliding", "mix")
+
+# MNN's defaults for every key its LLM engine reads for a text model (llmconfig.hpp, llm.cpp).
+DEFAULTS: dict[str, Any] = {
+    # files, relative to base_dir
+    "llm_config": "llm_config.json",
+    "llm_model": "llm.mnn",
+    "llm_weight": "llm.mnn.weight",
+    "tokenizer_file": "tokenizer.txt",
+    "embedding_file": "embeddings_bf16.bin",
+    "context_file": "context.json",
+    "block_model": "block_",
+    "lm_model": "lm.mnn",
+    "embedding_model": "embedding.mnn",
+    "npu_model_dir": "",
+    # generation
+    "max_new_tokens": 512,
+    "max_all_tokens": 2048,
+    "reuse_kv": False,
+    "all_logits": False,
+    "prompt_cache": False,
+    "timeout_ms": -1,
+    "use_template": True,
+    "system_prompt": "",
+    "async": True,
+    "chunk": 0,
+    "hidden_states": False,
+    "enable_debug": False,
+    # runtime
+    "backend_type": "cpu",
+    "thread_num": 4,
+    "precision": "low",
+    "power": "normal",
+    "memory": "low",
+    "use_mmap": False,
+    "use_cached_mmap": True,
+    "mmap_size": 1024,
+    "dynamic_option": 0,
+    "kvcache_mmap": False,
+    "tmp_path": "",
+    "prefix_cache_path": "prefixcache",
+    "attention_mode": 8,
+    "quant_qkv": 8,  # the deprecated spelling of attention_mode
+    "cpu_sme2_neon_division_ratio": 41,
+    "cpu_sme_core_num": 2,
+    # the model's facts (llm_config.json)
+    "model_type": "",
+    "hidden_size": 4096,
+    "layer_nums": 32,
+    "attention_mask": "int",
+    "attention_type": "full",
+    "sliding_window": 0,
+    "attention_fused": True,
+    "is_mrope": False,
+    "mrope_axes": 3,
+    "max_position_embeddings": 0,
+    "attn_scale": 0.0,
+    "key_value_shape": [],
+    "is_single": True,
+    "is_visual": False,
+    "is_audio": False,
+    "has_talker": False,
+    "has_deepstack": False,
+    "bos": "",
+    "chat_template": "",
+    "prompt_template": "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
+    "system_prompt_template": "<|im_start|>system\n%s<|im_end|>\n",
+    "user_prompt_template": "<|im_start|>user\n%s<|im_end|>\n",
+    "assistant_prompt_template": "<|im_start|>assistant\n%s<|im_end|>\n",
+    # sampler (camelCase spellings are MNN's older fallbacks)
+    "sampler_type": "mixed",
+    "mixed_samplers": ["topK", "tfs", "typical", "topP", "min_p", "temperature"],
+    "temperature": 1.0,
+    "top_k": 40,
+    "top_p": 0.9,
+    "min_p": 0.1,
+    "tfs_z": 1.0,
+    "typical": 1.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "penalty_window": 0,
+    "n_gram": 8,
+    "ngram_factor": 1.0,
+    "penalty_sampler": "greedy",
+    "logit_bias": {},
+    "banned_tokens": [],
+    # speculative decoding
+    "speculative_type": "",
+    "draft_predict_length": 3,
+    "draft_match_strictness": "low",
+    "draft_selection_rule": "freqxlen",
+    "ngram_match_maxlen": 4,
+    "ngram_update": False,
+    "lookup_file": "lookup_file.txt",
+    "draft_model": "",
+    "mtp_model": "mtp.mnn",
+    "eagle_model": "eagle.mnn",
+    "eagle_fc": "eagle_fc.mnn",
+    "eagle_d2t": "eagle_d2t.mnn",
+    "eagle_depth": 3,
+    "eagle_topk": 1,
+}
+
+# Keys MNN reads without a default worth repeating here (or only for multimodal, speech and
+# draft models mnngpu does not run); knowing them keeps a real export free of warnings.
+_OTHER_MNN_KEYS = frozenset("""
+    base_dir jinja mllm tie_embeddings chunk_limits topK topP minP tfsZ penalty
+    ple_embed_file ple_embed_scale ple_embed_dim ple_quant load_disk_embedding_only is_embedding
+    visual_model audio_model audio_type audio_pad audio_start audio_end n_window
+    asr_language asr_use_audio_template vision_type vision_start vision_end image_pad video_pad
+    image_size image_size_unit image_max_size image_mean image_norm image_min_pixels image_max_pixels
+    global_image patch_size num_grid_per_side scale_emb video_fps video_max_frames video_max_pixels
+    video_max_vision_tokens vision_slice_start_id vision_slice_end_id vision_id_start_id vision_id_end_id
+    hunyuan_patch_size hunyuan_spatial_merge_size hunyuan_temporal_patch_size sliding_attn_layers
+    talker_model talker_weight talker_embedding_file talker_text_embedding_file talker_text_hidden_size
+    talker_type talker_max_new_tokens talker_speaker tts_bos_token_id tts_eos_token_id tts_pad_token_id
+    code_predictor_model code_predictor_weight code_predictor_embedding_file code_predictor_vocab_size
+    code_predictor_groups speech_decoder_model speech_decoder_weight speech_decoder_upsample_rate
+    speaker_encoder_model speaker_encoder_weight speaker_encoder_sample_rate prompt_embedder_model
+    prompt_embedder_weight codec_embedder_model codec_embedder_weight predit_model dit_model bigvgan_model
+    spk_dict interleaved dit_steps dit_solver
+    dflash_model dflash_fc dflash_kvmat dflash_block_size dflash_mask_token_id dflash_shift_label
+    dflash_target_layer_ids dflash_shared_lmhead_input
+""".split())
+
+KNOWN_KEYS: frozenset[str] = frozenset(DEFAULTS) | _OTHER_MNN_KEYS
+
+
+class ConfigWarning(UserWarning):
+    """A config file holds something MNN ignores (an unknown key, a base_dir it will not use)."""
+
+
+# ---- value checks: each returns True when the value is acceptable ----------------------------
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda value: _is_int(value) and value >= low
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, str) and value in choices
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(item) for item in value)
+
+
+def _is_sampler_list(value: Any) -> bool:
+    return isinstance(value, list) and all(item in SAMPLER_TYPES and item != "mixed" for item in value)
+
+
+def _is_logit_bias(value: Any) -> bool:
+    def int_key(key: str) -> bool:
+        return key.lstrip("-").isdigit()
+    return isinstance(value, dict) and all(int_key(k) and _is_number(v) for k, v in value.items())
+
+
+_TIE_FIELDS = ("weight_offset", "alpha_offset", "alpha_size", "quant_bit", "quant_block")
+
+
+def _is_tie_embeddings(value: Any) -> bool:
+    if isinstance(value, list):
+        return len(value) >= 5 and _is_int_list(value)
+    if isinstance(value, dict):
+        return all(_is_int(value.get(name, 0)) for name in _TIE_FIELDS)
+    return False
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+_BY_TYPE_OF_DEFAULT: dict[type, tuple[str, Callable[[Any], bool]]] = {
+    bool: ("true or false", _is_bool),
+    int: ("an integer", _is_int),
+    float: ("a number", _is_number),
+    str: ("a string", _is_str),
+    dict: ("a JSON object", _is_dict),
+    list: ("a list of integers", _is_int_list),
+}
+
+# Checks stricter than "the same JSON type as MNN's default": (what was expected, check).
+_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "thread_num": ("a positive integer", _int_at_least(1)),
+    "max_new_tokens": ("an integer >= 0", _int_at_least(0)),
+    "max_all_tokens": ("an integer >= 1", _int_at_least(1)),
+    "hidden_size": ("a positive integer", _int_at_least(1)),
+    "layer_nums": ("a positive integer", _int_at_least(1)),
+    "sliding_window": ("an integer >= 0", _int_at_least(0)),
+    "penalty_window": ("an integer >= 0", _int_at_least(0)),
+    "chunk": ("an integer >= 0", _int_at_least(0)),
+    "mmap_size": ("a positive integer", _int_at_least(1)),
+    "draft_predict_length": ("a positive integer", _int_at_least(1)),
+    "ngram_match_maxlen": ("a positive integer", _int_at_least(1)),
+    "n_gram": ("a positive integer", _int_at_least(1)),
+    "eagle_depth": ("a positive integer", _int_at_least(1)),
+    "eagle_topk": ("a positive integer", _int_at_least(1)),
+    "precision": (f"one of {list(LEVELS)}", _one_of(LEVELS)),
+    "power": (f"one of {list(LEVELS)}", _one_of(LEVELS)),
+    "memory": (f"one of {list(LEVELS)}", _one_of(LEVELS)),
+    "sampler_type": (f"one of {list(SAMPLER_TYPES)}", _one_of(SAMPLER_TYPES)),
+    "mixed_samplers": (f"a list of sampler names from {[s for s in SAMPLER_TYPES if s != 'mixed']}",
+                       _is_sampler_list),
+    "speculative_type": (f"one of {list(SPECULATIVE_TYPES)}", _one_of(SPECULATIVE_TYPES)),
+    "attention_type": (f"one of {list(ATTENTION_TYPES)}", _one_of(ATTENTION_TYPES)),
+    "draft_match_strictness": ("one of ['low', 'medium', 'high']", _one_of(("low", "medium", "high"))),
+    "draft_selection_rule": ("one of ['freqxlen', 'fcfs']", _one_of(("freqxlen", "fcfs"))),
+    "logit_bias": ('an object of token id -> number, e.g. {"42": -1.5}', _is_logit_bias),
+    "tie_embeddings": ("a list of at least 5 integers [weight_offset, alpha_offset, alpha_size, "
+                       "quant_bit, quant_block] or an object with those integer fields", _is_tie_embeddings),
+    "chunk_limits": ("a list of integers", _is_int_list),
+    "topK": ("an integer", _is_int),
+    "topP": ("a number", _is_number),
+    "minP": ("a number", _is_number),
+    "tfsZ": ("a number", _is_number),
+    "penalty": ("a number", _is_number),
+    "base_dir": ("a string", _is_str),
+    "mllm": ("a JSON object", _is_dict),
+}
+
+_JINJA_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "chat_template": ("a string", _is_str),
+    "bos": ("a string", _is_str),
+    "eos": ("a string", _is_str),
+    "context": ("a JSON object", _is_dict),
+}
+
+
+def _rule_for(key: str) -> tuple[str, Callable[[Any], bool]] | None:
+    if key in _RULES:
+        return _RULES[key]
+    if key in DEFAULTS:
+        return _BY_TYPE_OF_DEFAULT[type(DEFAULTS[key])]
+    return None
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---- merging and reading ---------------------------------------------------------------------
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """MNN's merge: objects merge key by key, recursively; any other value replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(merged.get(key), dict) and isinstance(value, dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _parse_object(text: str, source: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                          path=source) from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a JSON object {{...}} at the top, got {type(value).__name__}",
+                          path=source)
+    return value
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError("file not found", path=path) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from exc
+    return _parse_object(text, os.fspath(path))
+
+
+class LlmConfig:
+    """The merged configuration of one model folder."""
+
+    def __init__(self, raw: dict[str, Any], base_dir: Path, config_path: Path | None = None):
+        self._raw = raw
+        self._base_dir = base_dir
+        self._config_path = config_path
+        self._origins: dict[str, str] = {}  # dotted key -> the file that set its current value
+        self._warned: set[str] = set()  # unknown keys already reported
+
+    # ---- loading -------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LlmConfig":
+        """Load a model folder (its config.json), a config.json path, or a bare llm.mnn path."""
+        path = Path(path)
+        if path.suffix == ".mnn":
+            return cls._load_bare_model(path)
+        config_path = path / CONFIG_FILE if path.is_dir() else path
+        config = _read_object(config_path)
+        cfg = cls(config, cls._resolve_base_dir(config, config_path), config_path)
+        cfg._record_origins(config, os.fspath(config_path))
+        cfg._merge_llm_config()
+        cfg._merge_context_file()
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def _load_bare_model(cls, model_path: Path) -> "LlmConfig":
+        # MNN's older usage: a path to llm.mnn stands for {"llm_model": name, "llm_weight": name.weight}.
+        if not model_path.is_file():
+            raise ConfigError("model file not found", path=model_path)
+        config = {"llm_model": model_path.name, "llm_weight": model_path.name + ".weight"}
+        cfg = cls(config, model_path.parent.resolve())
+        cfg._merge_llm_config()
+        cfg._merge_context_file()
+        cfg.validate()
+        return cfg
+
+    @staticmethod
+    def _resolve_base_dir(config: dict[str, Any], config_path: Path) -> Path:
+        base_dir = config.get("base_dir")
+        if base_dir is None:
+            return config_path.parent.resolve()
+        if not isinstance(base_dir, str):
+            raise ConfigError(f"expected a string, got {_shown(base_dir)}", path=config_path, field="base_dir")
+        # As in MNN, a relative base_dir is taken from the working directory, not from the
+        # folder of config.json, so a config that works with MNN's tools works here.
+        return Path(base_dir).resolve()
+
+    def _merge_llm_config(self) -> None:
+        llm_config_path = self._base_dir / self._string("llm_config")
+        if not llm_config_path.is_file():
+            warnings.warn(f"{llm_config_path}: not found; the model's facts (hidden_size, layer_nums, ...) "
+                          "fall back to MNN's defaults", ConfigWarning, stacklevel=3)
+            return
+        self._merge(_read_object(llm_config_path), os.fspath(llm_config_path))
+
+    def _merge_context_file(self) -> None:
+        context_path = self._base_dir / self._string("context_file")
+        if context_path.is_file():
+            self._merge({"jinja": {"context": _read_object(context_path)}}, os.fspath(context_path))
+
+    def _merge(self, override: dict[str, Any], source: str) -> None:
+        self._raw = deep_merge(self._raw, override)
+        self._record_origins(override, source)
+
+    def _record_origins(self, values: dict[str, Any], source: str, prefix: str = "") -> None:
+        for key, value in values.items():
+            self._origins[prefix + key] = source
+            if isinstance(value, dict):
+                self._record_origins(value, source, prefix + key + ".")
+
+    def _origin(self, dotted_key: str) -> str | None:
+        while dotted_key:
+            if dotted_key in self._origins:
+                return self._origins[dotted_key]
+            dotted_key = dotted_key.rpartition(".")[0]
+        return None
+
+    def _string(self, key: str) -> str:
+        # Used while loading, before validate(): a file name must be a string to be opened.
+        value = self._raw.get(key, DEFAULTS[key])
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a file name string, got {_shown(value)}",
+                              path=self._origin(key), field=key)
+        return value
+
+    # ---- overrides and checks ------------------------------------------------------------
+
+    def set_config(self, overrides: str | Mapping[str, Any]) -> None:
+        """Deep-merge overrides (a JSON object string or a dict) on top; then re-check everything.
+
+        On a bad value the error is raised and the configuration is left as it was."""
+        if isinstance(overrides, str):
+            overrides = _parse_object(overrides, SET_CONFIG)
+        elif not isinstance(overrides, Mapping):
+            raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}",
+                              path=SET_CONFIG)
+        overrides = dict(overrides)
+        if "base_dir" in overrides:
+            warnings.warn(f"{SET_CONFIG}: base_dir: ignored; as in MNN, only config.json can set it",
+                          ConfigWarning, stacklevel=2)
+        before = (self._raw, dict(self._origins))
+        self._merge(overrides, SET_CONFIG)
+        try:
+            self.validate()
+        except ConfigError:
+            self._raw, self._origins = before
+            raise
+
+    def validate(self) -> None:
+        """Raise ConfigError for the first bad value; warn about keys MNN does not read."""
+        for key, value in self._raw.items():
+            if key == "jinja":
+                self._validate_jinja(value)
+                continue
+            rule = _rule_for(key)
+            if rule is None and key not in self._warned:
+                self._warned.add(key)
+                warnings.warn(f"{self._origin(key)}: {key}: not a key MNN reads; ignored (a typo?)",
+                              ConfigWarning, stacklevel=3)
+            elif rule is not None and not rule[1](value):
+                self._fail(key, rule[0], value)
+
+    def _validate_jinja(self, jinja: Any) -> None:
+        if not isinstance(jinja, dict):
+            self._fail("jinja", "a JSON object with chat_template, bos, eos, context", jinja)
+        for key, (expected, check) in _JINJA_RULES.items():
+            if key in jinja and not check(jinja[key]):
+                self._fail(f"jinja.{key}", expected, jinja[key])
+
+    def _fail(self, key: str, expected: str, value: Any) -> None:
+        raise ConfigError(f"expected {expected}, got {_shown(value)}", path=self._origin(key), field=key)
+
+    def validate_backend(self) -> None:
+        """Check backend_type names a backend mnngpu has (whether its driver is present is
+        the backend's own check)."""
+        if self.backend_type not in KNOWN_BACKENDS:
+            self._fail("backend_type", f"one of {list(KNOWN_BACKENDS)}", self.backend_type)
+
+    # ---- raw access ----------------------------------------------------------------------
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The merged configuration as a plain dict (a copy; for Sampler and Prompt)."""
+        return copy.deepcopy(self._raw)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @property
+    def config_path(self) -> Path | None:
+        return self._config_path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The merged value of key, or default when no file set it (MNN's defaults not applied)."""
+        return copy.deepcopy(self._raw.get(key, default))
+
+    def value(self, key: str) -> Any:
+        """The merged value of key, or MNN's default for it."""
+        return copy.deepcopy(self._raw.get(key, DEFAULTS.get(key)))
+
+    def _file(self, key: str) -> Path:
+        return self._base_dir / self._raw.get(key, DEFAULTS[key])
+
+    # ---- runtime -------------------------------------------------------------------------
+
+    @property
+    def backend_type(self) -> str:
+        return self.value("backend_type")
+
+    @property
+    def thread_num(self) -> int:
+        return self.value("thread_num")
+
+    @property
+    def precision(self) -> str:
+        return self.value("precision")
+
+    @property
+    def power(self) -> str:
+        return self.value("power")
+
+    @property
+    def memory(self) -> str:
+        return self.value("memory")
+
+    @property
+    def use_mmap(self) -> bool:
+        return self.value("use_mmap")
+
+    @property
+    def kvcache_mmap(self) -> bool:
+        return self.value("kvcache_mmap")
+
+    @property
+    def dynamic_option(self) -> int:
+        return self.value("dynamic_option")
+
+    @property
+    def attention_mode(self) -> int:
+        """attention_mode, falling back to the deprecated quant_qkv, as MNN reads it."""
+        return self._raw.get("attention_mode", self.value("quant_qkv"))
+
+    @property
+    def tmp_path(self) -> str:
+        return self.value("tmp_path")
+
+    @property
+    def prefix_cache_path(self) -> str:
+        return self.value("prefix_cache_path")
+
+    # ---- generation ----------------------------------------------------------------------
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.value("max_new_tokens")
+
+    @property
+    def max_all_tokens(self) -> int:
+        return self.value("max_all_tokens")
+
+    @property
+    def reuse_kv(self) -> bool:
+        return self.value("reuse_kv")
+
+    @property
+    def all_logits(self) -> bool:
+        return self.value("all_logits")
+
+    @property
+    def use_template(self) -> bool:
+        return self.value("use_template")
+
+    @property
+    def system_prompt(self) -> str:
+        return self.value("system_prompt")
+
+    @property
+    def hidden_states(self) -> bool:
+        return self.value("hidden_states")
+
+    # ---- the model's facts ---------------------------------------------------------------
+
+    @property
+    def hidden_size(self) -> int:
+        return self.value("hidden_size")
+
+    @property
+    def layer_nums(self) -> int:
+        return self.value("layer_nums")
+
+    @property
+    def model_type(self) -> str:
+        return self.value("model_type")
+
+    @property
+    def attention_mask(self) -> str:
+        return self.value("attention_mask")
+
+    @property
+    def attention_type(self) -> str:
+        return self.value("attention_type")
+
+    @property
+    def sliding_window(self) -> int:
+        return self.value("sliding_window")
+
+    @property
+    def is_mrope(self) -> bool:
+        return self.value("is_mrope")
+
+    @property
+    def attn_scale(self) -> float | None:
+        """The attention scale the export recorded; None when it recorded none (1/sqrt(head_dim))."""
+        value = self._raw.get("attn_scale")
+        return None if value is None else float(value)
+
+    @property
+    def tie_embeddings(self) -> list[int] | None:
+        """The quantized embedding's layout: [weight_offset, alpha_offset, alpha_size, quant_bit,
+        quant_block(, alpha_fp16)], or None for a bf16 embedding file. weight_offset 0 means the
+        rows are in embedding_file (an int8/int4 export); otherwise they are the tied lm_head's
+        inside llm.mnn.weight. MNN's newer object form comes back in the same order, with alpha_fp16."""
+        value = self._raw.get("tie_embeddings")
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            fields = [int(value.get(name, 0)) for name in _TIE_FIELDS]
+            return fields + [int(value.get("alpha_dtype", "fp32") == "fp16")]
+        return list(value)
+
+    @property
+    def jinja(self) -> dict[str, Any]:
+        """chat_template, bos, eos (each only when set) and context (always, {} when unset)."""
+        jinja = self.value("jinja") or {}
+        jinja.setdefault("context", {})
+        return jinja
+
+    # ---- files ---------------------------------------------------------------------------
+
+    @property
+    def model_path(self) -> Path:
+        return self._file("llm_model")
+
+    @property
+    def weight_path(self) -> Path:
+        return self._file("llm_weight")
+
+    @property
+    def tokenizer_file(self) -> str:
+        """The configured tokenizer file name; tokenizer_path is it joined to base_dir."""
+        return self.value("tokenizer_file")
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self._file("tokenizer_file")
+
+    @property
+    def embedding_path(self) -> Path:
+        """base_dir / embedding_file (the exporter sets embedding_file for its int8/int4 files)."""
+        return self._file("embedding_file")
+
+    @property
+    def embedding_rows_path(self) -> Path:
+        """The file MNN reads embedding rows from: llm.mnn.weight for an embedding tied to the
+        lm_head (tie_embeddings with a non-zero weight_offset), else embedding_path."""
+        tie = self.tie_embeddings
+        return self.weight_path if tie is not None and tie[0] != 0 else self.embedding_path
+
+    @property
+    def context_path(self) -> Path:
+        return self._file("context_file")
+
+    @property
+    def mtp_model_path(self) -> Path:
+        return self._file("mtp_model")
+
+    @property
+    def eagle_model_path(self) -> Path:
+        return self._file("eagle_model")
+
+    @property
+    def lookup_file_path(self) -> Path:
+        return self._file("lookup_file")
+
+    # ---- sampler and speculative decoding ------------------------------------------------
+
+    @property
+    def sampler_type(self) -> str:
+        return self.value("sampler_type")
+
+    @property
+    def mixed_samplers(self) -> list[str]:
+        return self.value("mixed_samplers")
+
+    @property
+    def speculative_type(self) -> str:
+        return self.value("speculative_type")
+
+    @property
+    def draft_predict_length(self) -> int:
+        return self.value("draft_predict_length")
+
+    @property
+    def ngram_match_maxlen(self) -> int:
+        return self.value("ngram_match_maxlen")
+
+    def __repr__(self) -> str:
+        return f"LlmConfig(base_dir={os.fspath(self._base_dir)!r}, model_type={self.model_type!r})"
