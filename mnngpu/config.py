@@ -141,25 +141,34 @@ DEFAULTS: dict[str, Any] = {
 
 # Keys MNN reads without a default worth repeating here (or only for multimodal, speech and
 # draft models mnngpu does not run); knowing them keeps a real export free of warnings.
-_OTHER_MNN_KEYS = frozenset("""
-    base_dir jinja mllm tie_embeddings chunk_limits topK topP minP tfsZ penalty
-    ple_embed_file ple_embed_scale ple_embed_dim ple_quant load_disk_embedding_only is_embedding
-    visual_model audio_model audio_type audio_pad audio_start audio_end n_window
-    asr_language asr_use_audio_template vision_type vision_start vision_end image_pad video_pad
-    image_size image_size_unit image_max_size image_mean image_norm image_min_pixels image_max_pixels
-    global_image patch_size num_grid_per_side scale_emb video_fps video_max_frames video_max_pixels
-    video_max_vision_tokens vision_slice_start_id vision_slice_end_id vision_id_start_id vision_id_end_id
-    hunyuan_patch_size hunyuan_spatial_merge_size hunyuan_temporal_patch_size sliding_attn_layers
-    talker_model talker_weight talker_embedding_file talker_text_embedding_file talker_text_hidden_size
-    talker_type talker_max_new_tokens talker_speaker tts_bos_token_id tts_eos_token_id tts_pad_token_id
-    code_predictor_model code_predictor_weight code_predictor_embedding_file code_predictor_vocab_size
-    code_predictor_groups speech_decoder_model speech_decoder_weight speech_decoder_upsample_rate
-    speaker_encoder_model speaker_encoder_weight speaker_encoder_sample_rate prompt_embedder_model
-    prompt_embedder_weight codec_embedder_model codec_embedder_weight predit_model dit_model bigvgan_model
-    spk_dict interleaved dit_steps dit_solver
-    dflash_model dflash_fc dflash_kvmat dflash_block_size dflash_mask_token_id dflash_shift_label
-    dflash_target_layer_ids dflash_shared_lmhead_input
-""".split())
+_OTHER_MNN_KEYS = frozenset({
+    # structure and sampler fallbacks
+    "base_dir", "jinja", "mllm", "tie_embeddings", "chunk_limits", "topK", "topP", "minP", "tfsZ",
+    "penalty",
+    # per-layer embeddings
+    "ple_embed_file", "ple_embed_scale", "ple_embed_dim", "ple_quant", "load_disk_embedding_only",
+    "is_embedding",
+    # vision and audio
+    "visual_model", "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
+    "asr_language", "asr_use_audio_template", "vision_type", "vision_start", "vision_end", "image_pad",
+    "video_pad", "image_size", "image_size_unit", "image_max_size", "image_mean", "image_norm",
+    "image_min_pixels", "image_max_pixels", "global_image", "patch_size", "num_grid_per_side", "scale_emb",
+    "video_fps", "video_max_frames", "video_max_pixels", "video_max_vision_tokens", "vision_slice_start_id",
+    "vision_slice_end_id", "vision_id_start_id", "vision_id_end_id", "hunyuan_patch_size",
+    "hunyuan_spatial_merge_size", "hunyuan_temporal_patch_size", "sliding_attn_layers",
+    # speech (talker)
+    "talker_model", "talker_weight", "talker_embedding_file", "talker_text_embedding_file",
+    "talker_text_hidden_size", "talker_type", "talker_max_new_tokens", "talker_speaker", "tts_bos_token_id",
+    "tts_eos_token_id", "tts_pad_token_id", "code_predictor_model", "code_predictor_weight",
+    "code_predictor_embedding_file", "code_predictor_vocab_size", "code_predictor_groups",
+    "speech_decoder_model", "speech_decoder_weight", "speech_decoder_upsample_rate",
+    "speaker_encoder_model", "speaker_encoder_weight", "speaker_encoder_sample_rate",
+    "prompt_embedder_model", "prompt_embedder_weight", "codec_embedder_model", "codec_embedder_weight",
+    "predit_model", "dit_model", "bigvgan_model", "spk_dict", "interleaved", "dit_steps", "dit_solver",
+    # dflash drafts
+    "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
+    "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input",
+})
 
 KNOWN_KEYS: frozenset[str] = frozenset(DEFAULTS) | _OTHER_MNN_KEYS
 
@@ -201,6 +210,7 @@ def _is_logit_bias(value: Any) -> bool:
 
 
 _TIE_FIELDS = ("weight_offset", "alpha_offset", "alpha_size", "quant_bit", "quant_block")
+_TIE_EXPECTED = f"a list of at least 5 integers {list(_TIE_FIELDS)} or an object with those integer fields"
 
 
 def _is_tie_embeddings(value: Any) -> bool:
@@ -259,8 +269,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "draft_match_strictness": ("one of ['low', 'medium', 'high']", _one_of(("low", "medium", "high"))),
     "draft_selection_rule": ("one of ['freqxlen', 'fcfs']", _one_of(("freqxlen", "fcfs"))),
     "logit_bias": ('an object of token id -> number, e.g. {"42": -1.5}', _is_logit_bias),
-    "tie_embeddings": ("a list of at least 5 integers [weight_offset, alpha_offset, alpha_size, "
-                       "quant_bit, quant_block] or an object with those integer fields", _is_tie_embeddings),
+    "tie_embeddings": (_TIE_EXPECTED, _is_tie_embeddings),
     "chunk_limits": ("a list of integers", _is_int_list),
     "topK": ("an integer", _is_int),
     "topP": ("a number", _is_number),
@@ -341,7 +350,7 @@ class LlmConfig:
     # ---- loading -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "LlmConfig":
+    def load(cls, path: str | os.PathLike) -> LlmConfig:
         """Load a model folder (its config.json), a config.json path, or a bare llm.mnn path."""
         path = Path(path)
         if path.suffix == ".mnn":
@@ -356,7 +365,7 @@ class LlmConfig:
         return cfg
 
     @classmethod
-    def _load_bare_model(cls, model_path: Path) -> "LlmConfig":
+    def _load_bare_model(cls, model_path: Path) -> LlmConfig:
         # MNN's older usage: a path to llm.mnn stands for {"llm_model": name, "llm_weight": name.weight}.
         if not model_path.is_file():
             raise ConfigError("model file not found", path=model_path)

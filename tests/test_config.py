@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -163,7 +165,8 @@ def test_mnn_defaults(tmp_path: Path) -> None:
     assert (cfg.reuse_kv, cfg.all_logits, cfg.use_template, cfg.system_prompt) == (False, False, True, "")
     assert (cfg.use_mmap, cfg.kvcache_mmap, cfg.dynamic_option, cfg.attention_mode) == (False, False, 0, 8)
     assert (cfg.tmp_path, cfg.prefix_cache_path) == ("", "prefixcache")
-    assert (cfg.hidden_size, cfg.layer_nums, cfg.attention_mask, cfg.attention_type) == (4096, 32, "int", "full")
+    assert (cfg.hidden_size, cfg.layer_nums) == (4096, 32)
+    assert (cfg.attention_mask, cfg.attention_type) == ("int", "full")
     assert cfg.attn_scale is None and cfg.tie_embeddings is None
     assert cfg.sampler_type == "mixed"
     assert cfg.mixed_samplers == ["topK", "tfs", "typical", "topP", "min_p", "temperature"]
@@ -182,7 +185,8 @@ def test_mnn_defaults(tmp_path: Path) -> None:
 
 def test_quant_qkv_is_the_fallback_for_attention_mode(tmp_path: Path) -> None:
     assert load_quietly(make_model(tmp_path / "a", {"quant_qkv": 9}, {})).attention_mode == 9
-    assert load_quietly(make_model(tmp_path / "b", {"quant_qkv": 9, "attention_mode": 10}, {})).attention_mode == 10
+    both = make_model(tmp_path / "b", {"quant_qkv": 9, "attention_mode": 10}, {})
+    assert load_quietly(both).attention_mode == 10
 
 
 def test_tie_embeddings_object_form(tmp_path: Path) -> None:
@@ -414,3 +418,55 @@ def test_backend_validation(qwen2: Path) -> None:
     with pytest.raises(ConfigError, match=r"one of \['cpu', 'opencl', 'vulkan', 'cuda'\]") as info:
         cfg.validate_backend()
     assert info.value.field == "backend_type" and info.value.path == "set_config()"
+
+
+# ---- against MNN's own LlmConfig (MNN.llm in a subprocess: it can segfault) ----------------
+
+MNN_DUMP = """
+import json, sys
+import MNN.llm as mnn_llm
+config_path, overrides, do_load = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+llm = mnn_llm.create(config_path)
+llm.set_config(overrides)  # MNN.llm's wrapper takes a dict and serializes it itself
+if do_load:
+    llm.load()  # Llm::load merges context.json
+print("DUMP" + llm._c_obj.dump_config())
+"""
+
+
+def mnn_dump_config(config_path: Path, overrides: dict, load: bool, cwd: Path) -> dict:
+    pytest.importorskip("MNN")
+    done = subprocess.run([sys.executable, "-c", MNN_DUMP, str(config_path), json.dumps(overrides),
+                           "1" if load else "0"], check=False, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("DUMP"))
+    return json.loads(line[len("DUMP"):])
+
+
+def test_merge_matches_mnn_on_a_real_export(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name in ("llm.mnn", "llm.mnn.weight", "tokenizer.mtok", "embeddings_bf16.bin", "llm_config.json"):
+        shutil.copy(QWEN2 / name, folder / name)
+    config = json.loads((QWEN2 / "config.json").read_text())
+    config.update({"attention_mask": "int", "jinja": {"bos": "<s>", "context": {"a": 1, "b": 2}}})
+    write_json(folder / "config.json", config)
+    write_json(folder / "context.json", {"b": 3, "enable_thinking": False})
+    overrides = {"thread_num": 1, "precision": "high", "mixed_samplers": ["topK", "temperature"]}
+
+    expected = mnn_dump_config(folder / "config.json", overrides, load=True, cwd=tmp_path)
+    cfg = load_quietly(folder / "config.json")
+    cfg.set_config(overrides)
+    assert cfg.raw == expected
+    assert expected["attention_mask"] == "float"  # the merge really had something to decide
+    assert expected["jinja"]["context"] == {"a": 1, "b": 3, "enable_thinking": False}
+
+
+def test_relative_base_dir_matches_mnn(tmp_path: Path, monkeypatch) -> None:
+    make_model(tmp_path / "weights", {}, {"hidden_size": 72, "layer_nums": 3})
+    folder = make_model(tmp_path / "cfg", {"base_dir": "weights/", "thread_num": 2})
+    expected = mnn_dump_config(folder / "config.json", {}, load=False, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_quietly(folder / "config.json")
+    assert cfg.raw == expected
+    assert cfg.hidden_size == 72
