@@ -1,0 +1,12 @@
+"""MNN's tokenizer files, all five formats, encoding as the model's own tokenizer does.
+
+    tok = load_tokenizer(base_dir, tokenizer_file)
+    tok.encode(text) -> ids (prefix ids first, special tokens split out)
+    tok.decode(id) -> text;  tok.stream_decoder().feed(id) -> complete UTF-8 text only
+"""
+
+from mnngpu.errors import TokenizerError
+from mnngpu.tokenizer.base import Tokenizer
+from mnngpu.tokenizer.loader import load_tokenizer, resolve_tokenizer_path
+
+__all__ = ["Tokenizer", "TokenizerError", "load_tokenizer", "resolve_tokenizer_path"]

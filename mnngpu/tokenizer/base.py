@@ -1,0 +1,71 @@
+"""The tokenizer every format loads into: MNN's header ids around an encoder and a byte table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as HfTokenizer
+
+from mnngpu.tokenizer.header import TokenizerHeader
+from mnngpu.tokenizer.stream import StreamDecoder
+
+
+class Tokenizer:
+    """encode: the prefix ids, then the text's ids with the special tokens split out first.
+    decode: one id's text, as MNN's `tokenizer_decode` gives it (invalid UTF-8 as U+FFFD).
+
+    `backend` is the HuggingFace tokenizer that computes the same ids as the file's source;
+    the special tokens are in it as added tokens, so it splits them out before it normalizes.
+    `token_bytes[id]` is the text each id stands for, as bytes (a byte-fallback id is one byte)."""
+
+    def __init__(self, path: Path, header: TokenizerHeader, backend: HfTokenizer, token_bytes: list[bytes]):
+        self.path = Path(path)
+        self.format_type = header.type
+        self.special_ids = list(header.special_ids)
+        self.stop_ids = list(header.stop_ids)
+        self.prefix_ids = list(header.prefix_ids)
+        self._backend = backend
+        self._token_bytes = token_bytes
+        self._ids_by_text: dict[str, int] | None = None
+        # Only a .mtok file carries these; for tokenizer.txt they come from llm_config.json's jinja.
+        self.chat_template: str | None = None
+        self.eos_token: str | None = None
+        self.bos_token: str | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._token_bytes)
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return list(self.prefix_ids)
+        return self.prefix_ids + self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes an id stands for; empty for an id outside the vocab, as in MNN."""
+        if 0 <= token_id < len(self._token_bytes):
+            return self._token_bytes[token_id]
+        return b""
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self.token_bytes)
+
+    def is_stop(self, token_id: int) -> bool:
+        return token_id in self.stop_ids
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+    def token_id(self, text: str) -> int | None:
+        """The id whose text is exactly `text` (a special token's first), or None."""
+        if self._ids_by_text is None:
+            ids: dict[str, int] = {}
+            for token_id, data in enumerate(self._token_bytes):
+                ids.setdefault(data.decode("utf-8", errors="replace"), token_id)
+            for token_id in self.special_ids:
+                ids[self.decode(token_id)] = token_id
+            self._ids_by_text = ids
+        return self._ids_by_text.get(text)
