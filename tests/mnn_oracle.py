@@ -26,7 +26,7 @@ def record(model_dir: str, prompts: list[str], steps: int, overrides: dict) -> t
     import MNN.llm as mnn_llm
 
     llm = mnn_llm.create(f"{model_dir}/config.json")
-    llm.set_config(json.dumps({**ORACLE_SETTINGS, **overrides}))
+    llm.set_config({**ORACLE_SETTINGS, **overrides})  # MNN.llm json-encodes the dict itself
     llm.load()
     results, first_logits = [], []
     for text in prompts:

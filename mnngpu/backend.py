@@ -1,0 +1,161 @@
+"""The backend interface every compute backend implements, and the registry of backends.
+
+Names follow MNN's vocabulary (`onCreate`, `onResize`, `onExecute`) so the code reads next
+to MNN's `Backend.hpp` / `Execution.hpp`; everything else is PEP 8.
+
+A Pipeline drives a backend like this, once per shape (once per pool module for a
+fixed-shape backend) and then every step:
+
+    backend.rearrange(node)                                  # once per node, at load
+    backend.onResizeBegin()
+    for node: exe = backend.onCreate(inputs, outputs, node)   # None: not supported here
+              backend.alloc(t) for each output; exe.onResize(inputs, outputs)
+    backend.onResizeEnd()
+    ...
+    for exe: exe.onExecute(inputs, outputs)                  # GPU backends only enqueue
+    backend.finish()                                         # wait for the queue
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mnngpu.errors import BackendUnavailableError, ConfigError
+
+
+@dataclass(eq=False)
+class Tensor:
+    """One graph tensor. `host` holds its value when known on the host (constants and
+    shape-derived values folded at resize); `device` is the owning backend's buffer."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str = ""
+    host: np.ndarray | None = None
+    device: Any = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass(eq=False)
+class Node:
+    """An op as a backend sees it: MNN's op type and parameter table, plus the decoded
+    weights the loader attached (e.g. "weight": QuantizedLinear, "gamma", "beta")."""
+
+    type: str
+    name: str
+    param: Any = None
+    weights: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BackendConfig:
+    """MNN's BackendConfig: precision high|normal|low, power, memory; plus thread count."""
+
+    precision: str = "low"
+    power: str = "normal"
+    memory: str = "low"
+    thread_num: int = 4
+
+    @property
+    def fp32(self) -> bool:
+        """precision high means fp32 math everywhere, whatever `memory` says."""
+        return self.precision == "high"
+
+
+class Execution(ABC):
+    """The work of one op on one backend. Shape-dependent setup lives in onResize so
+    that onExecute is only the per-step work."""
+
+    def __init__(self, backend: "Backend", node: Node):
+        self.backend = backend
+        self.node = node
+
+    def onResize(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:  # noqa: N802 (MNN's name)
+        """Shapes are known: plan, bind, (re)record. Default: nothing to plan."""
+
+    @abstractmethod
+    def onExecute(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:  # noqa: N802
+        """Run (GPU backends enqueue)."""
+
+
+class Backend(ABC):
+    type: str = ""
+    fixed_shape: bool = False          # True for GPU/NPU backends: shapeMutable=False
+    executions: dict[str, type[Execution]] = {}  # op type -> Execution class
+
+    def __init__(self, config: BackendConfig, kv_meta=None):
+        self.config = config
+        self.kv_meta = kv_meta         # runtime.kv.KVMeta shared with the Attention executions
+
+    def rearrange(self, node: Node) -> None:
+        """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop
+        the raw arrays. Every Execution later made for the node shares the packed form."""
+
+    def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> Execution | None:  # noqa: N802
+        cls = self.executions.get(node.type)
+        return cls(self, node) if cls is not None else None
+
+    def onResizeBegin(self) -> None:  # noqa: N802
+        """Called before a Pipeline resizes its executions."""
+
+    def onResizeEnd(self) -> None:  # noqa: N802
+        """Called after; a GPU backend may finalize command recording here."""
+
+    @abstractmethod
+    def alloc(self, tensor: Tensor) -> None:
+        """Give `tensor` a device buffer of tensor.nbytes (tensor.device)."""
+
+    def release(self, tensor: Tensor) -> None:
+        tensor.device = None
+
+    @abstractmethod
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        """Copy host data into tensor.device (allocating when needed)."""
+
+    @abstractmethod
+    def download(self, tensor: Tensor) -> np.ndarray:
+        """A host copy of tensor.device, shaped tensor.shape."""
+
+    def finish(self) -> None:
+        """Wait until every enqueued execution is done (no-op for CPU)."""
+
+
+# backend_type -> (module, class name). The module is imported only when asked for, so a
+# missing driver package only matters to the user who picks that backend.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "cpu": ("mnngpu.backends.cpu", "CPUBackend"),
+    "opencl": ("mnngpu.backends.opencl", "OpenCLBackend"),
+    "vulkan": ("mnngpu.backends.vulkan", "VulkanBackend"),
+    "cuda": ("mnngpu.backends.cuda", "CUDABackend"),
+}
+
+
+def backend_class(backend_type: str) -> type[Backend]:
+    if backend_type not in REGISTRY:
+        raise ConfigError(f"unknown backend_type '{backend_type}', expected one of {sorted(REGISTRY)}",
+                          field="backend_type")
+    module_name, class_name = REGISTRY[backend_type]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend '{backend_type}' needs a package that is not installed ({exc.name}); "
+            f"install it with: pip install 'mnngpu[{backend_type}]'", field="backend_type") from exc
+    return getattr(module, class_name)
+
+
+def create_backend(backend_type: str, config: BackendConfig, kv_meta=None) -> Backend:
+    """Instantiate a backend; its constructor raises BackendUnavailableError when no driver/device."""
+    return backend_class(backend_type)(config, kv_meta)

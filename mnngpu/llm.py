@@ -1,0 +1,219 @@
+"""Llm: MNN's LLM flow in Python, readable top-down, and a drop-in for `MNN.llm`.
+
+    llm = create("model_dir/config.json")     # LlmConfig: config.json ⊕ llm_config.json ⊕ context.json
+    llm.set_config('{"backend_type": "cpu"}')
+    llm.load()        # runtime, tokenizer, embedding, prompt, sampler, Module.load, ModulePool
+    logits = llm.forward(llm.tokenizer_encode("hello"))   # KV cache kept between calls
+    print(llm.response("hello"))
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mnngpu.config import LlmConfig
+from mnngpu.embedding import DiskEmbedding
+from mnngpu.errors import InputError, MnnGpuError
+from mnngpu.generation import ar
+from mnngpu.runtime.module import Module, ModuleConfig
+from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
+from mnngpu.runtime.schedule import RuntimeManager
+
+
+class Logits(np.ndarray):
+    """float32 logits that also answer MNN's `Var.read()`, so code written for MNN runs as is."""
+
+    def read(self) -> np.ndarray:
+        return np.asarray(self)
+
+
+@dataclass
+class LlmContext:
+    prompt_len: int = 0
+    gen_seq_len: int = 0
+    all_seq_len: int = 0
+    history_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    prefill_us: int = 0
+    decode_us: int = 0
+    load_us: int = 0
+
+
+def create(config_path: str | os.PathLike) -> "Llm":
+    """An Llm for a model folder or its config.json (not loaded yet)."""
+    return Llm(LlmConfig.load(config_path))
+
+
+class Llm:
+    def __init__(self, config: LlmConfig):
+        self.config = config
+        self.context = LlmContext()
+        self._loaded = False
+        self._tokenizer = None
+
+    # ---- configuration and loading ---------------------------------------------------------
+    def set_config(self, overrides: str | dict) -> bool:
+        self.config.set_config(overrides)
+        return True
+
+    def load(self) -> None:
+        start = time.perf_counter()
+        cfg = self.config
+        self.runtime = RuntimeManager.from_config(cfg)
+        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path,
+                                       cfg.tie_embeddings, cfg.base_dir / "llm_config.json")
+        from mnngpu.prompt import Prompt
+        from mnngpu.sampler import Sampler
+
+        self.prompt = Prompt(cfg.raw)
+        self.sampler = Sampler(cfg.raw)
+        module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
+        prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime)
+        self.pool = ModulePool(prefill, cfg.all_logits)
+        self._loaded = True
+        self.context.load_us = int((time.perf_counter() - start) * 1e6)
+
+    @property
+    def tokenizer(self):
+        """Loaded on first use, so a folder whose tokenizer is unreadable can still forward ids."""
+        if self._tokenizer is None:
+            from mnngpu.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.base_dir, self.config.tokenizer_file)
+        return self._tokenizer
+
+    def _require_loaded(self) -> None:
+        if not self._loaded:
+            raise MnnGpuError("call load() first")
+
+    # ---- tokens ------------------------------------------------------------------------------
+    def tokenizer_encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def tokenizer_decode(self, token: int) -> str:
+        return self.tokenizer.decode(int(token))
+
+    def apply_chat_template(self, messages) -> str:
+        self._require_loaded()
+        return self.prompt.apply_chat_template(messages)
+
+    # ---- the forward pass --------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the KV cache and the history."""
+        if self._loaded:
+            self.runtime.kv_meta.clear()
+        self.context = LlmContext(load_us=self.context.load_us)
+
+    def _check_ids(self, ids) -> list[int]:
+        array = np.asarray(ids)
+        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+            raise InputError(f"expected a 1-D list of integer token ids, got {array.dtype} {array.shape}",
+                             field="input_ids")
+        if array.size == 0:
+            raise InputError("no token ids given", field="input_ids")
+        vocab = self.embedding.vocab_size
+        bad = array[(array < 0) | (array >= vocab)]
+        if bad.size:
+            raise InputError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab})", field="input_ids")
+        total = self.runtime.kv_meta.kept + array.size
+        if total > self.config.max_all_tokens:
+            raise InputError(f"{total} tokens exceed max_all_tokens={self.config.max_all_tokens}",
+                             field="max_all_tokens")
+        return [int(i) for i in array]
+
+    def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
+        """One module forward over `ids` (at most one chunk); returns logits [rows, vocab]."""
+        meta = self.runtime.kv_meta
+        seq = len(ids)
+        rows = seq
+        module = self.pool.select(seq, all_logits)
+        if self.runtime.fixed_shape and not (seq == 1 and not all_logits):
+            rows, all_logits = PREFILL_LEN, True   # pad to the module's one shape; padded keys never reach the cache
+        embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
+        embeds[:seq, 0] = self.embedding.rows(ids)
+        positions = (meta.kept + np.arange(rows, dtype=np.int32)).reshape(1, rows)
+        feeds = {"input_ids": embeds, "attention_mask": np.zeros((1, 1, 1, 1), dtype=np.float32),
+                 "position_ids": positions, "logits_index": np.array([0 if all_logits else -1], dtype=np.int32)}
+        meta.add = seq
+        (logits,) = module.forward(feeds, ["logits"])
+        meta.sync()
+        logits = np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
+        return logits[:seq] if all_logits else logits[-1:]
+
+    def forward(self, ids) -> Logits:
+        """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
+        self._require_loaded()
+        ids = self._check_ids(ids)
+        all_logits = self.config.all_logits
+        chunk = PREFILL_LEN if self.runtime.fixed_shape else len(ids)
+        parts = [self._run(ids[i: i + chunk], all_logits) for i in range(0, len(ids), chunk)]
+        logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
+        self.context.history_tokens.extend(ids)
+        self.context.all_seq_len = self.runtime.kv_meta.previous
+        return np.ascontiguousarray(logits[None]).view(Logits)
+
+    # ---- generation --------------------------------------------------------------------------
+    def _last_logits(self, ids: list[int]) -> np.ndarray:
+        return np.asarray(self.forward(ids))[0, -1]
+
+    def generate(self, ids, max_new_tokens: int | None = None, on_token=None) -> list[int]:
+        """New ids after `ids`, until a stop id or max_new_tokens (the config's when None)."""
+        self._require_loaded()
+        limit = self.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        prompt_ids = self._check_ids(ids)
+        history = list(self.context.history_tokens) + prompt_ids
+        timing = {"prefill": True, "t": time.perf_counter()}
+        ctx = self.context
+
+        def forward(step_ids: list[int]) -> np.ndarray:
+            logits = self._last_logits(step_ids)
+            now = time.perf_counter()
+            key = "prefill_us" if timing["prefill"] else "decode_us"
+            setattr(ctx, key, getattr(ctx, key) + int((now - timing["t"]) * 1e6))
+            timing.update(prefill=False, t=now)
+            return logits
+
+        def sample(logits: np.ndarray) -> int:
+            token = int(self.sampler.sample(logits, history))
+            history.append(token)
+            return token
+
+        ctx.prompt_len = len(prompt_ids)
+        ctx.gen_seq_len = 0
+        out = ar.generate(forward, sample, self.tokenizer.is_stop, prompt_ids, limit, on_token)
+        ctx.gen_seq_len = len(out)
+        ctx.output_tokens = list(out)
+        return out
+
+    def response(self, prompt, stream: bool = False, max_new_tokens: int | None = None, out=None) -> str:
+        """Reply to a user prompt (str or chat messages), applying the chat template when use_template."""
+        self._require_loaded()
+        if not self.config.reuse_kv:
+            self.reset()
+        text = self.prompt.apply_chat_template(prompt) if self.config.use_template else prompt
+        decoder = self.tokenizer.stream_decoder()
+        out = out or sys.stdout
+        pieces: list[str] = []
+
+        def on_token(token: int) -> None:
+            piece = decoder.feed(token)
+            pieces.append(piece)
+            if stream and piece:
+                out.write(piece)
+                out.flush()
+
+        self.generate(self.tokenizer_encode(text), max_new_tokens, on_token)
+        tail = decoder.flush()
+        pieces.append(tail)
+        if stream:
+            out.write(tail + "\n")
+            out.flush()
+        return "".join(pieces)
+
+
+__all__ = ["Llm", "LlmContext", "Logits", "create"]

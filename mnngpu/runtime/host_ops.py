@@ -1,0 +1,209 @@
+"""Numpy semantics of MNN's data-movement and elementwise ops, written once.
+
+The Pipeline uses these to fold ops whose inputs are all known on the host (shape
+arithmetic, constants); the CPU backend runs the same functions on real activations.
+Layouts are logical NCHW: an NC4HW4 tensor holds the same values, so ConvertTensor is the
+identity here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.errors import ModelFormatError
+
+FLOAT = np.float32
+INT = np.int32
+DTYPES = {"DT_FLOAT": FLOAT, "DT_INT32": INT, "DT_INT64": INT, "DT_BOOL": INT, "DT_HALF": FLOAT,
+          "DT_BFLOAT16": FLOAT, "DT_DOUBLE": FLOAT, "DT_UINT8": INT, "DT_INT8": INT}
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _divide(a, b):
+    if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):
+        return (np.trunc(a / b)).astype(INT)  # C integer division truncates toward zero
+    return a / b
+
+
+BINARY = {
+    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _divide, "DIV": _divide,
+    "FLOORDIV": np.floor_divide, "MOD": np.mod, "FLOORMOD": np.mod, "POW": np.power,
+    "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
+    "SquaredDifference": lambda a, b: (a - b) ** 2,
+    "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal, "LESS": np.less, "LESS_EQUAL": np.less_equal,
+    "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "ATAN2": np.arctan2,
+    "MUL_SILU": lambda a, b: a * _silu(b),  # MNN: input0 * silu(input1)
+}
+
+UNARY = {
+    "ABS": np.abs, "NEG": np.negative, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": np.square,
+    "SQRT": np.sqrt, "RSQRT": lambda x: 1.0 / np.sqrt(x), "EXP": np.exp, "LOG": np.log,
+    "SIN": np.sin, "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
+    "RECIPROCAL": lambda x: 1.0 / x, "TANH": np.tanh, "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "SILU": _silu, "SIGN": np.sign, "ROUND": np.round, "ERF": None, "GELU": None, "GELU_STANDARD": None,
+}
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[FLOAT])(x)
+
+
+UNARY["GELU"] = _gelu_tanh
+UNARY["ERF"] = _erf
+UNARY["GELU_STANDARD"] = lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+
+
+def _keep_dtype(result, like):
+    if np.issubdtype(like.dtype, np.integer) and result.dtype == np.bool_:
+        return result.astype(INT)
+    return result.astype(like.dtype, copy=False)
+
+
+def binary(node, a, b):
+    func = BINARY.get(node.param.opType)
+    if func is None:
+        raise ModelFormatError(f"BinaryOp type {node.param.opType} is not supported", field=node.name)
+    return _keep_dtype(np.asarray(func(a, b)), a)
+
+
+def unary(node, x):
+    func = UNARY.get(node.param.opType)
+    if func is None:
+        raise ModelFormatError(f"UnaryOp type {node.param.opType} is not supported", field=node.name)
+    return np.asarray(func(x)).astype(x.dtype, copy=False)
+
+
+def reshape_dims(node, inputs) -> list[int]:
+    """The target dims of a Reshape: from its shape input, else its param."""
+    return [int(d) for d in (inputs[1] if len(inputs) > 1 else node.param.dims)]
+
+
+def reshape_shape(in_shape, dims) -> tuple[int, ...]:
+    out = [in_shape[i] if d == 0 and i < len(in_shape) else d for i, d in enumerate(dims)]
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        total = int(np.prod(in_shape, dtype=np.int64))
+        out[out.index(-1)] = total // known if known else 0
+    return tuple(out)
+
+
+def squeeze_axes(node, inputs, rank: int, shape) -> list[int]:
+    axes = list(inputs[1]) if len(inputs) > 1 else list(getattr(node.param, "squeezeDims", None) or [])
+    if not axes:
+        return [i for i, d in enumerate(shape) if d == 1]
+    return [int(a) % rank for a in axes]
+
+
+def squeeze(node, inputs):
+    x = inputs[0]
+    return np.squeeze(x, axis=tuple(squeeze_axes(node, inputs, x.ndim, x.shape)))
+
+
+def unsqueeze(node, inputs):
+    x = inputs[0]
+    axes = list(inputs[1]) if len(inputs) > 1 else list(node.param.squeezeDims)
+    out_rank = x.ndim + len(axes)
+    shape = list(x.shape)
+    for axis in sorted(int(a) % out_rank for a in axes):
+        shape.insert(axis, 1)
+    return x.reshape(shape)
+
+
+def _onnx_slice(node, inputs):
+    x, starts, ends = inputs[0], inputs[1], inputs[2]
+    axes = inputs[3] if len(inputs) > 3 else range(len(starts))
+    steps = inputs[4] if len(inputs) > 4 else [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        index[int(axis) % x.ndim] = slice(int(start), int(end), int(step))
+    return x[tuple(index)]
+
+
+def _tf_strided_slice(node, inputs):
+    x, begin, end = inputs[0], inputs[1], inputs[2]
+    strides = inputs[3] if len(inputs) > 3 else [1] * len(begin)
+    p = node.param
+    index, axis = [], 0
+    for i in range(len(begin)):
+        bit = 1 << i
+        if p.ellipsisMask & bit:
+            remaining = x.ndim - axis - (len(begin) - i - 1)
+            index.extend([slice(None)] * remaining)
+            axis += remaining
+            continue
+        if p.newAxisMask & bit:
+            index.append(None)
+            continue
+        if p.shrinkAxisMask & bit:
+            index.append(int(begin[i]))
+        else:
+            start = None if p.beginMask & bit else int(begin[i])
+            stop = None if p.endMask & bit else int(end[i])
+            index.append(slice(start, stop, int(strides[i])))
+        axis += 1
+    return x[tuple(index)]
+
+
+def strided_slice(node, inputs):
+    if getattr(node.param, "fromType", 0) == 1:
+        return _onnx_slice(node, inputs)
+    return _tf_strided_slice(node, inputs)
+
+
+def gather(node, inputs):
+    params, indices = inputs[0], inputs[1]
+    axis = int(np.asarray(inputs[2]).reshape(-1)[0]) if len(inputs) > 2 else int(getattr(node.param, "axis", 0) or 0)
+    indices = np.asarray(indices)
+    idx = np.where(indices < 0, indices + params.shape[axis], indices)
+    return np.take(params, idx, axis=axis)
+
+
+def concat(node, inputs):
+    axis = int(node.param.axis) if node.param is not None else 0
+    return np.concatenate(inputs, axis=axis)
+
+
+def cast(node, inputs):
+    return inputs[0].astype(DTYPES.get(node.param.dstT, FLOAT))
+
+
+def shape_stand_in(tensor) -> np.ndarray:
+    """A zero-cost array with a tensor's shape, for ops whose result depends only on shapes."""
+    return np.broadcast_to(np.zeros((), dtype=tensor.dtype), tensor.shape)
+
+
+def evaluate(node, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one host-evaluable op; returns its outputs."""
+    op = node.type
+    if op == "Shape":
+        return [np.array(inputs[0].shape, dtype=INT)]
+    if op == "Rank":
+        return [np.array(inputs[0].ndim, dtype=INT)]
+    if op == "Size":
+        return [np.array(inputs[0].size, dtype=INT)]
+    if op == "Reshape":
+        return [inputs[0].reshape(reshape_shape(inputs[0].shape, reshape_dims(node, inputs)))]
+    if op in ("ConvertTensor", "Identity"):
+        return [inputs[0]]
+    if op == "BinaryOp":
+        return [binary(node, inputs[0], inputs[1])]
+    if op == "UnaryOp":
+        return [unary(node, inputs[0])]
+    simple = {"Squeeze": squeeze, "Unsqueeze": unsqueeze, "StridedSlice": strided_slice,
+              "GatherV2": gather, "Gather": gather, "Concat": concat, "Cast": cast}
+    if op in simple:
+        return [simple[op](node, inputs)]
+    raise ModelFormatError(f"op type {op} cannot be evaluated on the host", field=node.name)
+
+
+SHAPE_OPS = frozenset({"Shape", "Rank", "Size"})  # read only their input's shape: always folded
+HOST_OPS = frozenset({"Shape", "Rank", "Size", "Reshape", "ConvertTensor", "Identity", "BinaryOp", "UnaryOp",
+                      "Squeeze", "Unsqueeze", "StridedSlice", "GatherV2", "Gather", "Concat", "Cast"})

@@ -1,0 +1,38 @@
+"""KVMeta: what the next forward does to every layer's KV cache, shared by all Attention ops.
+
+MNN's semantics: before a forward, `remove` tokens are dropped from the end of the cache,
+`reserve` lists (begin, length) pairs of the removed span to keep, and `add` new tokens are
+appended. `sync()` after the forward makes `previous` the cache's new length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class KVMeta:
+    previous: int = 0
+    remove: int = 0
+    add: int = 0
+    reserve: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def n_reserve(self) -> int:
+        return len(self.reserve)
+
+    @property
+    def kept(self) -> int:
+        """Tokens that stay in front of the new ones during this forward."""
+        return self.previous - self.remove + sum(length for _, length in self.reserve)
+
+    def sync(self) -> None:
+        self.previous = self.kept + self.add
+        self.remove = 0
+        self.add = 0
+        self.reserve = []
+
+    def clear(self) -> None:
+        """Drop the whole cache on the next forward."""
+        self.remove = self.previous
+        self.reserve = []

@@ -1,0 +1,50 @@
+"""ScheduleConfig / RuntimeManager: which backend runs the graph, with what settings.
+
+Mirrors MNN's Executor::RuntimeManager: one per Llm, created from the config's
+backend_type, thread_num, precision, power and memory. It owns the KVMeta the
+Attention executions share, and a CPU backup backend for ops a device backend lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mnngpu.backend import Backend, BackendConfig, backend_class, create_backend
+from mnngpu.runtime.kv import KVMeta
+
+
+@dataclass
+class ScheduleConfig:
+    backend_type: str = "cpu"
+    backend_config: BackendConfig = field(default_factory=BackendConfig)
+
+
+class RuntimeManager:
+    def __init__(self, schedule: ScheduleConfig):
+        self.schedule = schedule
+        self.kv_meta = KVMeta()
+        self._backend: Backend | None = None
+        self._cpu_backup: Backend | None = None
+
+    @classmethod
+    def from_config(cls, config) -> "RuntimeManager":
+        backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
+                                thread_num=config.thread_num)
+        return cls(ScheduleConfig(config.backend_type, backend))
+
+    @property
+    def fixed_shape(self) -> bool:
+        return backend_class(self.schedule.backend_type).fixed_shape
+
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = create_backend(self.schedule.backend_type, self.schedule.backend_config, self.kv_meta)
+        return self._backend
+
+    def cpu_backup(self) -> Backend:
+        """The backend that takes ops the main backend's onCreate declines."""
+        if self.schedule.backend_type == "cpu":
+            return self.backend()
+        if self._cpu_backup is None:
+            self._cpu_backup = create_backend("cpu", self.schedule.backend_config, self.kv_meta)
+        return self._cpu_backup

@@ -1,0 +1,85 @@
+"""Session: the graph's tensors, resized into Pipelines per input-shape key, and run.
+
+A shape-mutable backend (CPU) keeps a few recent Pipelines, one per input shapes; a
+fixed-shape backend is resized once per pool module and replays that Pipeline every step.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnngpu.backend import Backend, Tensor
+from mnngpu.errors import InputError
+from mnngpu.runtime.pipeline import GraphOp, Pipeline
+
+
+@dataclass
+class GraphInput:
+    name: str
+    index: int
+    dims: tuple[int, ...]   # -1 where the size is given at run time
+    dtype: np.dtype
+    on_host: bool = False   # its value decides shapes (e.g. logits_index): part of the resize key
+
+
+class Session:
+    MAX_PIPELINES = 4
+
+    def __init__(self, ops: list[GraphOp], n_tensors: int, inputs: list[GraphInput],
+                 constants: dict[int, np.ndarray], outputs: dict[str, int],
+                 backend: Backend, cpu_backup: Backend):
+        self.ops, self.n_tensors, self.inputs = ops, n_tensors, inputs
+        self.constants, self.outputs = constants, outputs
+        self.backend, self.cpu_backup = backend, cpu_backup
+        self.pipelines: OrderedDict[tuple, tuple[Pipeline, list[Tensor | None]]] = OrderedDict()
+
+    def _key(self, feeds: dict[str, np.ndarray]) -> tuple:
+        key = []
+        for spec in self.inputs:
+            value = feeds[spec.name]
+            key.append(tuple(value.shape))
+            if spec.on_host:
+                key.append(tuple(np.asarray(value).reshape(-1).tolist()))
+        return tuple(key)
+
+    def resize(self, feeds: dict[str, np.ndarray]) -> tuple[Pipeline, list[Tensor | None]]:
+        key = self._key(feeds)
+        if key in self.pipelines:
+            self.pipelines.move_to_end(key)
+            return self.pipelines[key]
+        tensors: list[Tensor | None] = [None] * self.n_tensors
+        for index, value in self.constants.items():
+            tensors[index] = Tensor(value.shape, value.dtype, name=f"const{index}", host=value)
+        pipeline = Pipeline(self.ops, self.backend, self.cpu_backup)
+        for spec in self.inputs:
+            value = np.asarray(feeds[spec.name], dtype=spec.dtype)
+            tensor = Tensor(value.shape, np.dtype(spec.dtype), name=spec.name)
+            if spec.on_host:
+                tensor.host = value
+            else:
+                pipeline.bind_input(tensor)
+            tensors[spec.index] = tensor
+        pipeline.resize(tensors)
+        self.pipelines[key] = (pipeline, tensors)
+        while len(self.pipelines) > self.MAX_PIPELINES:
+            self.pipelines.popitem(last=False)
+        return pipeline, tensors
+
+    def run(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> list[np.ndarray]:
+        missing = [spec.name for spec in self.inputs if spec.name not in feeds]
+        if missing:
+            raise InputError(f"missing graph inputs {missing}", field="inputs")
+        pipeline, tensors = self.resize(feeds)
+        for spec in self.inputs:
+            if not spec.on_host:
+                self.backend.upload(tensors[spec.index], np.ascontiguousarray(feeds[spec.name], dtype=spec.dtype))
+        pipeline.run()
+        results = []
+        for name in wanted:
+            tensor = tensors[self.outputs[name]]
+            holder = pipeline.backend_of(tensor)
+            results.append(tensor.host if holder is None else holder.download(tensor))
+        return results

@@ -1,0 +1,66 @@
+"""StaticModule: a graph bound to one backend, its weights decoded and packed once.
+
+It turns the Net's ops into Nodes, decodes each op's external weights (quantized linear
+blocks, norm gammas) from the weight file, lets the backend rearrange them into its own
+layout (dropping the raw arrays), and builds the Session that resizes and runs the graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backend import Node
+from mnngpu.errors import ModelFormatError
+from mnngpu.format import Net
+from mnngpu.format.quant import read_linear
+from mnngpu.format.weights import WeightFile, read_layernorm
+from mnngpu.runtime.host_ops import DTYPES
+from mnngpu.runtime.pipeline import GraphOp
+from mnngpu.runtime.schedule import RuntimeManager
+from mnngpu.runtime.session import GraphInput, Session
+
+# Graph inputs whose values decide shapes (the logits row slice), so they stay on the host.
+HOST_INPUTS = frozenset({"logits_index"})
+
+
+def decode_weights(op, weights: WeightFile) -> dict:
+    if op.type == "Convolution":
+        return {"weight": read_linear(weights, op.param)}
+    if op.type == "LayerNorm":
+        gamma, beta = read_layernorm(weights, op.param)
+        return {"gamma": gamma, "beta": beta}
+    return {}
+
+
+class StaticModule:
+    def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager,
+                 constants: dict[int, np.ndarray], rearrange: bool = True):
+        self.net = net
+        self.runtime = runtime
+        self.constants = constants
+        self.inputs: list[GraphInput] = []
+        self.ops: list[GraphOp] = []
+        backend = runtime.backend()
+        for op in net.ops:
+            if op.type == "Input":
+                self.inputs.append(self._graph_input(op))
+            elif op.type != "Const":
+                node = Node(op.type, op.name, op.param, decode_weights(op, weights))
+                if rearrange:
+                    backend.rearrange(node)
+                self.ops.append(GraphOp(node, list(op.inputs), list(op.outputs)))
+        self.outputs = {name: net.tensor_names.index(name) for name in net.output_names}
+
+    @staticmethod
+    def _graph_input(op) -> GraphInput:
+        name = op.name
+        param = op.param
+        if param is None:
+            raise ModelFormatError("Input op has no Input parameter", field=name)
+        dtype = np.dtype(DTYPES.get(param.dtype, np.float32))
+        return GraphInput(name, op.outputs[0], tuple(param.dims or ()), dtype, on_host=name in HOST_INPUTS)
+
+    def session(self) -> Session:
+        """A new Session over the shared, already-packed nodes (one per pool module)."""
+        return Session(self.ops, len(self.net.tensor_names), self.inputs, self.constants, self.outputs,
+                       self.runtime.backend(), self.runtime.cpu_backup())
