@@ -1,0 +1,55 @@
+"""Every format's fixture against the recorded truth: the source library's ids and MNN's decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenizer_fixtures import FIXTURE_NAMES, MNN_DECODE_NUL, lossless_text, reference, tokenizer
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_encode_gives_the_source_tokenizers_ids(name):
+    tok = tokenizer(name)
+    wrong = [(c["text"][:30], tok.encode(c["text"])[:10], c["source_ids"][:10])
+             for c in reference(name)["cases"] if tok.encode(c["text"]) != c["source_ids"]]
+    assert not wrong
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_encode_agrees_with_mnn_wherever_mnn_agrees_with_the_source(name):
+    tok = tokenizer(name)
+    cases = [c for c in reference(name)["cases"] if c["mnn_ids"] == c["source_ids"]]
+    assert cases, "MNN agrees with the source on no string at all"
+    assert [tok.encode(c["text"]) for c in cases] == [c["mnn_ids"] for c in cases]
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_decode_of_each_id_is_mnns_tokenizer_decode(name):
+    tok = tokenizer(name)
+    mnn = reference(name)["mnn_decode"]
+    checked = [(i, text) for i, text in enumerate(mnn)
+               if text is not None and tok.token_bytes(i) != MNN_DECODE_NUL]
+    assert len(checked) > tok.vocab_size // 2
+    assert [(i, tok.decode(i)) for i, _ in checked] == checked
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_decode_of_encode_gives_the_text_back_where_the_format_is_lossless(name):
+    tok = tokenizer(name)
+    checked = 0
+    for case in reference(name)["cases"]:
+        expected = lossless_text(name, case["text"])
+        if expected is None:
+            continue
+        ids = tok.encode(case["text"])[len(tok.prefix_ids):]
+        assert b"".join(tok.token_bytes(i) for i in ids).decode() == expected
+        checked += 1
+    assert checked > 0 or "bert" in name
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_prefix_ids_come_first(name):
+    tok = tokenizer(name)
+    for case in reference(name)["cases"]:
+        assert tok.encode(case["text"])[:len(tok.prefix_ids)] == tok.prefix_ids
+    assert tok.encode("") == tok.prefix_ids

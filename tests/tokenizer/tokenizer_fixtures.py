@@ -1,0 +1,45 @@
+"""The tokenizer fixtures (tests/fixtures/tokenizers/<name>/) and their recorded references."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from functools import lru_cache
+from pathlib import Path
+
+from mnngpu.tokenizer import Tokenizer, load_tokenizer
+
+FIXTURE_ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizers"
+FIXTURE_NAMES = sorted(p.name for p in FIXTURE_ROOT.iterdir() if (p / "reference.json").is_file())
+MODEL_FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "models").glob("*/tokenizer.mtok"))
+
+# MNN's Python binding returns a token's text through a C string, so the NUL byte comes back empty.
+MNN_DECODE_NUL = b"\x00"
+
+
+@lru_cache(maxsize=None)
+def reference(name: str) -> dict:
+    return json.loads((FIXTURE_ROOT / name / "reference.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def tokenizer(name: str) -> Tokenizer:
+    return load_tokenizer(FIXTURE_ROOT / name, reference(name)["tokenizer_file"])
+
+
+def lossless_text(name: str, text: str) -> str | None:
+    """What decoding the ids of `text` must give back, or None where the format loses information."""
+    ref = reference(name)
+    library = ref["source"]["library"]
+    if "bert" in name:
+        return None                      # lowercased, accents stripped, spaces dropped
+    if library == "sentencepiece" or name == "mtok_llama":
+        specials = ref["source"].get("special_tokens") or {"<s>": 1, "</s>": 2, "<unk>": 0}
+        if not text or any(s in text for s in specials):
+            return None                  # each piece of text between specials gets its own "▁"
+        if name == "mtok_llama" and text.startswith(" "):
+            return text                  # HF's Metaspace adds no "▁" before a leading space
+        return " " + text                # the dummy prefix decodes as a space
+    if name in ("huggingface", "mtok_qwen") and unicodedata.normalize("NFC", text) != text:
+        return None                      # NFC first
+    return text
