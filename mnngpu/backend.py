@@ -153,7 +153,10 @@ def backend_class(backend_type: str) -> type[Backend]:
         raise BackendUnavailableError(
             f"backend '{backend_type}' needs a package that is not installed ({exc.name}); "
             f"install it with: pip install 'mnngpu[{backend_type}]'", field="backend_type") from exc
-    return getattr(module, class_name)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise BackendUnavailableError(f"backend '{backend_type}' is not built into this mnngpu", field="backend_type")
+    return cls
 
 
 def create_backend(backend_type: str, config: BackendConfig, kv_meta=None) -> Backend:

@@ -6,6 +6,9 @@ reshapes and slices stay views and nothing is copied that need not be.
 
 from __future__ import annotations
 
+import os
+
+import numba
 import numpy as np
 
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor
@@ -16,6 +19,12 @@ from mnngpu.backends.cpu.ops.norm import CPULayerNorm
 from mnngpu.runtime.host_ops import HOST_OPS
 
 
+# OpenMP's spinning workers fight OpenBLAS's on small machines (a 128x128 GEMV took 12 ms
+# instead of 0.1 ms on 2 cores); numba's own workqueue pool has no such contention.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
+
+
 class CPUBackend(Backend):
     type = "cpu"
     fixed_shape = False
@@ -24,8 +33,6 @@ class CPUBackend(Backend):
 
     def __init__(self, config: BackendConfig, kv_meta=None):
         super().__init__(config, kv_meta)
-        import numba
-
         numba.set_num_threads(max(1, min(config.thread_num, numba.config.NUMBA_NUM_THREADS)))
         self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
 

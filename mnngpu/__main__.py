@@ -1,0 +1,5 @@
+import sys
+
+from mnngpu.cli import main
+
+sys.exit(main())

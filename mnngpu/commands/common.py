@@ -1,0 +1,95 @@
+"""What the model-running subcommands share: the model argument, config overrides, loading."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from mnngpu.errors import ConfigError
+
+SAMPLER_FLAGS = {  # flag -> (config key, type)
+    "sampler": ("sampler_type", str), "temperature": ("temperature", float), "top_k": ("top_k", int),
+    "top_p": ("top_p", float), "min_p": ("min_p", float), "seed": ("seed", int),
+    "repetition_penalty": ("repetition_penalty", float), "max_new_tokens": ("max_new_tokens", int),
+}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", help="model folder or its config.json (default: the bundled demo model)")
+    parser.add_argument("--backend", help="backend_type: cpu, opencl, vulkan or cuda")
+    parser.add_argument("-t", "--threads", type=int, help="thread_num")
+    parser.add_argument("--precision", choices=["low", "normal", "high"])
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="any config key; VALUE is JSON or a plain string (repeatable)")
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--sampler", help="sampler_type: greedy, temperature, topK, topP, minP, tfs, typical, "
+                                         "penalty or mixed")
+    group.add_argument("--temperature", type=float)
+    group.add_argument("--top-k", type=int)
+    group.add_argument("--top-p", type=float)
+    group.add_argument("--min-p", type=float)
+    group.add_argument("--repetition-penalty", type=float)
+    group.add_argument("--seed", type=int)
+    group.add_argument("-n", "--max-new-tokens", type=int)
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"expected KEY=VALUE, got '{item}'", field="--config")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    overrides = dict(parse_override(item) for item in args.config)
+    for attr, key in (("backend", "backend_type"), ("threads", "thread_num"), ("precision", "precision")):
+        if getattr(args, attr, None) is not None:
+            overrides[key] = getattr(args, attr)
+    for flag, (key, _) in SAMPLER_FLAGS.items():
+        if getattr(args, flag, None) is not None:
+            overrides[key] = getattr(args, flag)
+    return overrides
+
+
+def model_path(args: argparse.Namespace) -> Path:
+    if args.model:
+        return Path(args.model)
+    from mnngpu.demo import demo_model_dir
+
+    return demo_model_dir()
+
+
+def load_model(args: argparse.Namespace, extra: dict | None = None):
+    """Create, configure and load the Llm; prints a one-line summary to stderr."""
+    from mnngpu import llm as mnngpu_llm
+
+    start = time.perf_counter()
+    model = mnngpu_llm.create(model_path(args))
+    model.set_config({**overrides_from(args), **(extra or {})})
+    model.load()
+    cfg = model.config
+    print(f"loaded {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}) "
+          f"on {cfg.backend_type} in {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    return model
+
+
+def print_stats(context, out=sys.stderr) -> None:
+    """llm_demo's closing statistics."""
+    prefill_s = context.prefill_us / 1e6
+    decode_s = context.decode_us / 1e6
+    prefill_speed = context.prompt_len / prefill_s if prefill_s > 0 else 0.0
+    decode_speed = context.gen_seq_len / decode_s if decode_s > 0 else 0.0
+    print("\n#################################", file=out)
+    print(f"prompt tokens num = {context.prompt_len}", file=out)
+    print(f"decode tokens num = {context.gen_seq_len}", file=out)
+    print(f"prefill time = {prefill_s:.2f} s", file=out)
+    print(f"decode time = {decode_s:.2f} s", file=out)
+    print(f"prefill speed = {prefill_speed:.2f} tok/s", file=out)
+    print(f"decode speed = {decode_speed:.2f} tok/s", file=out)
+    print("#################################", file=out)

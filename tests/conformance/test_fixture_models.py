@@ -1,0 +1,78 @@
+"""Every backend on every fixture model, against what MNN's runtime recorded.
+
+Greedy tokens must be identical for every recorded prompt, and first-step logits within
+1e-3 x the logits' std (precision high). Where `mnn` is installed, a live MNN run in a
+subprocess checks the recording is still what MNN does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnngpu import llm as mnngpu_llm
+from tests.conftest import FIXTURES, MODEL_NAMES, reference
+
+LOGIT_TOLERANCE = 1e-3
+
+
+def load(name: str, backend_type: str, **overrides):
+    model = mnngpu_llm.create(FIXTURES / name)
+    model.set_config({"backend_type": backend_type, "precision": "high", "memory": "high", "thread_num": 2,
+                      **overrides})
+    model.load()
+    return model
+
+
+def greedy(model, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    model.reset()
+    logits = np.asarray(model.forward(ids))[0, -1]
+    first = logits.copy()
+    tokens = [int(np.argmax(logits))]
+    while len(tokens) < steps:
+        tokens.append(int(np.argmax(np.asarray(model.forward([tokens[-1]]))[0, -1])))
+    return tokens, first
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_greedy_and_logits_match_mnn(name, backend_type):
+    ref, first_logits = reference(name)
+    model = load(name, backend_type)
+    for k, prompt in enumerate(ref["prompts"]):
+        tokens, first = greedy(model, prompt["ids"], len(prompt["greedy"]))
+        scale = float(first_logits[k].std())
+        assert np.abs(first - first_logits[k]).max() <= LOGIT_TOLERANCE * scale, prompt["text"]
+        assert tokens == prompt["greedy"], prompt["text"]
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_all_logits_rows_match_last_row(name, backend_type):
+    """all_logits returns one row per prompt token; its last row is the last-row result."""
+    ref, first_logits = reference(name)
+    prompt = ref["prompts"][1]
+    model = load(name, backend_type, all_logits=True)
+    logits = np.asarray(model.forward(prompt["ids"]))
+    assert logits.shape == (1, len(prompt["ids"]), first_logits.shape[1])
+    assert np.abs(logits[0, -1] - first_logits[1]).max() <= LOGIT_TOLERANCE * first_logits[1].std()
+
+
+def test_live_mnn_agrees_with_recording(tmp_path):
+    """The recorded references are still what MNN does (skipped without the `mnn` wheel)."""
+    pytest.importorskip("MNN.llm")
+    name = MODEL_NAMES[0]
+    ref, first_logits = reference(name)
+    out = tmp_path / "live.json"
+    oracle = Path(__file__).resolve().parents[1] / "mnn_oracle.py"
+    prompts = [p["text"] for p in ref["prompts"][:2]]
+    subprocess.run([sys.executable, str(oracle), str(FIXTURES / name), "--prompts-json", json.dumps(prompts),
+                    "--json-out", str(out), "--logits-out", str(tmp_path / "live.npy")],
+                   check=True, capture_output=True, timeout=300)
+    live = json.loads(out.read_text())
+    for recorded, now in zip(ref["prompts"], live["prompts"]):
+        assert now["ids"] == recorded["ids"] and now["greedy"] == recorded["greedy"]
+    assert np.allclose(np.load(tmp_path / "live.npy"), first_logits[:2], atol=1e-5)

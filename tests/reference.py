@@ -1,0 +1,50 @@
+"""Plain numpy references, one per op, written independently of mnngpu's own code.
+
+tests/backend/ runs every op on every available backend against these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def linear(x: np.ndarray, codes_unpacked: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+           block: int, bias: np.ndarray | None = None) -> np.ndarray:
+    """x [n, ic]; codes [oc, ic] unsigned levels; w = code*scale + zero per (row, block)."""
+    w = codes_unpacked.astype(np.float64) * np.repeat(scales, block, axis=1) + np.repeat(zeros, block, axis=1)
+    y = x.astype(np.float64) @ w.T
+    return (y if bias is None else y + bias).astype(np.float32)
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * gamma).astype(np.float32)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    mean = x64.mean(-1, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
+    y = (x64 - mean) / np.sqrt(var + eps) * gamma
+    return (y if beta is None else y + beta).astype(np.float32)
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, scale: float) -> np.ndarray:
+    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D], one head at a time."""
+    seq, heads, _ = q.shape
+    kv_heads = k.shape[1]
+    out = np.zeros(q.shape, dtype=np.float64)
+    for h in range(heads):
+        g = h // (heads // kv_heads)
+        for i in range(seq):
+            visible = past + i + 1
+            scores = k[:visible, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            p = np.exp(scores - scores.max())
+            out[i, h] = (p / p.sum()) @ v[:visible, g]
+    return out.astype(np.float32)
+
+
+def silu_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """MNN's BinaryOp MUL_SILU: a * silu(b)."""
+    b64 = b.astype(np.float64)
+    return (a * b64 / (1 + np.exp(-b64))).astype(np.float32)
