@@ -78,6 +78,10 @@ class Execution(ABC):
     """The work of one op on one backend. Shape-dependent setup lives in onResize so
     that onExecute is only the per-step work."""
 
+    # False once onResize has done all the work (e.g. a reshape that aliased its input's
+    # buffer): the Pipeline then leaves it out of the per-step replay.
+    needs_run: bool = True
+
     def __init__(self, backend: "Backend", node: Node):
         self.backend = backend
         self.node = node

@@ -91,7 +91,8 @@ class Pipeline:
             backend.alloc(tensor)
             self.owner[id(tensor)] = backend
         execution.onResize(inputs, outputs)
-        self.steps.append(Step(execution, inputs, outputs))
+        if execution.needs_run:
+            self.steps.append(Step(execution, inputs, outputs))
         for index, tensor in zip(op.outputs, outputs):
             tensors[index] = tensor
 
