@@ -1,0 +1,158 @@
+"""Independent truths for the format tests: the fixtures, HF safetensors, mnnconvert's JSON.
+
+Nothing here uses mnngpu's readers: the safetensors reader and the JSON comparison are
+written from the file formats themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+FIXTURE_NAMES = sorted(p.name for p in FIXTURES_DIR.glob("*") if (p / "llm.mnn").is_file())
+
+needs_fixtures = pytest.mark.skipif(not FIXTURE_NAMES, reason="no fixture models under tests/fixtures/models")
+
+
+def fixture_dir(name: str) -> Path:
+    return FIXTURES_DIR / name
+
+
+def reference(name: str) -> dict:
+    return json.loads((fixture_dir(name) / "reference.json").read_text())
+
+
+def hf_config(name: str) -> dict:
+    return json.loads((fixture_dir(name) / "hf" / "config.json").read_text())
+
+
+_SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4"}
+
+
+def load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of a .safetensors file as float32 (bf16 widened exactly)."""
+    data = path.read_bytes()
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8: 8 + header_len])
+    base = 8 + header_len
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = np.frombuffer(data[base + start: base + end], dtype=_SAFETENSORS_DTYPES[info["dtype"]])
+        if info["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = raw.astype(np.float32).reshape(info["shape"])
+    return tensors
+
+
+def hf_tensors(name: str) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for path in sorted((fixture_dir(name) / "hf").glob("*.safetensors")):
+        tensors.update(load_safetensors(path))
+    return tensors
+
+
+def hf_linear_name(op_name: str, tensors: dict) -> str:
+    """'/layers.0/self_attn/q_proj/Linear' -> 'model.layers.0.self_attn.q_proj.weight'."""
+    if "lm_head" in op_name:
+        return "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+    parts = [p for p in op_name.split("/") if p and p != "Linear"]
+    return "model." + ".".join(parts) + ".weight"
+
+
+def hf_norm_name(op_name: str) -> str:
+    """'/blocks.0/input_layernorm/Mul_1_output_0' -> 'model.layers.0.input_layernorm.weight';
+    the final norm's op is named after its output, 'hidden_states' -> 'model.norm.weight'."""
+    if op_name == "hidden_states":
+        return "model.norm.weight"
+    parts = [p for p in op_name.split("/") if p][:-1]
+    parts[0] = parts[0].replace("blocks.", "layers.")
+    return "model." + ".".join(parts) + ".weight"
+
+
+# --- mnnconvert -------------------------------------------------------------------------
+
+def _converter_available() -> bool:
+    return importlib.util.find_spec("_tools") is not None and importlib.util.find_spec("MNN") is not None
+
+
+# MNN's extension module `_tools` runs the converter without importing MNN/tools/utils/log.py
+# (the module that installs packages and posts usage logs).
+_CONVERT = "import sys, _tools; sys.exit(0 if _tools.mnnconvert(['mnnconvert', *sys.argv[1:]]) else 1)"
+
+
+def mnnconvert(*args: str) -> None:
+    if not _converter_available():
+        pytest.skip("MNN's converter (the mnn package) is not installed")
+    done = subprocess.run([sys.executable, "-c", _CONVERT, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"mnnconvert {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def mnn_to_json(mnn_path: Path, out_dir: Path) -> dict:
+    json_path = out_dir / (mnn_path.parent.name + "_" + mnn_path.name + ".json")
+    mnnconvert("-f", "MNN", "--modelFile", str(mnn_path), "--JsonFile", str(json_path))
+    return json.loads(json_path.read_text())
+
+
+def json_to_mnn(graph: dict, out_dir: Path, name: str) -> Path:
+    json_path, mnn_path = out_dir / f"{name}.json", out_dir / f"{name}.mnn"
+    json_path.write_text(json.dumps(graph))
+    mnnconvert("-f", "JSON", "--modelFile", str(json_path), "--MNNModel", str(mnn_path))
+    return mnn_path
+
+
+# --- comparing a decoded table with its JSON dump -----------------------------------------
+
+def mismatches(value, expected, where: str) -> list[str]:
+    """Differences between a decoded value and mnnconvert's JSON for it.
+
+    A dataclass field missing from the JSON was absent from the buffer, so it must hold
+    its schema default (None for an absent vector or table)."""
+    if dataclasses.is_dataclass(value):
+        if not isinstance(expected, dict):
+            return [f"{where}: decoded a table, JSON has {expected!r}"]
+        found = []
+        names = {f.name for f in dataclasses.fields(value)}
+        found += [f"{where}.{key}: in the JSON, not decoded" for key in expected if key not in names]
+        for f in dataclasses.fields(value):
+            ours = getattr(value, f.name)
+            if f.name in expected:
+                found += mismatches(ours, expected[f.name], f"{where}.{f.name}")
+            elif not _is_default(ours, f.default):
+                found.append(f"{where}.{f.name}: decoded {ours!r}, JSON omits it (default {f.default!r})")
+        return found
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list) and isinstance(expected, list):
+        if len(value) != len(expected):
+            return [f"{where}: {len(value)} items, JSON has {len(expected)}"]
+        return [m for i, (a, b) in enumerate(zip(value, expected)) for m in mismatches(a, b, f"{where}[{i}]")]
+    if isinstance(value, float) or isinstance(expected, float):
+        if isinstance(value, bool) or not math.isclose(value, expected, rel_tol=1e-5, abs_tol=1e-12):
+            return [f"{where}: decoded {value!r}, JSON has {expected!r}"]
+        return []
+    if type(value) is not type(expected) or value != expected:
+        return [f"{where}: decoded {value!r}, JSON has {expected!r}"]
+    return []
+
+
+def _is_default(ours, default) -> bool:
+    if default is dataclasses.MISSING:
+        return False
+    if isinstance(ours, np.ndarray):
+        return False
+    return ours == default

@@ -1,0 +1,59 @@
+"""inspect_model against the facts the fixtures were made from: the HF config, the exporter's
+arguments and mnnconvert's op counts recorded in reference.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
+
+from mnngpu.inspect import format_inspect_table, inspect_model
+
+
+def export_arg(args: list[str], flag: str, default):
+    return type(default)(args[args.index(flag) + 1]) if flag in args else default
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_inspect_reports_the_source_model(name):
+    folder, hf, ref = fixture_dir(name), hf_config(name), reference(name)
+    info = inspect_model(folder)
+    json.dumps(info)  # plain data, ready for --json
+
+    assert info["ops"] == ref["op_counts"] and info["n_ops"] == sum(ref["op_counts"].values())
+    assert info["n_subgraphs"] == 0
+    heads = hf["num_attention_heads"]
+    assert info["model"] == {
+        "type": hf["model_type"], "hidden_size": hf["hidden_size"], "layers": hf["num_hidden_layers"],
+        "heads": heads, "kv_heads": hf["num_key_value_heads"],
+        "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads, "vocab": hf["vocab_size"],
+        "embeddings": info["model"]["embeddings"],
+    }
+    tied = hf.get("tie_word_embeddings", False)
+    assert info["model"]["embeddings"].startswith("tied" if tied else "embeddings_")
+
+    args = ref["export_args"]
+    bits, block = export_arg(args, "--quant_bit", 4), export_arg(args, "--quant_block", 64)
+    want = {"bits": bits, "block": block, "symmetric": "--sym" in args, "mixed": False}
+    summary = info["quant"]["summary"]
+    assert {k: summary[k] for k in want} == want and summary["count"] == 7 * hf["num_hidden_layers"]
+    lm_head = info["quant"]["lm_head"]
+    assert lm_head["bits"] == export_arg(args, "--lm_quant_bit", bits)
+    assert len(info["quant"]["layers"]) == 7 * hf["num_hidden_layers"] + 1
+
+    assert info["files"] == {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+    assert info["weight_bytes"] == (folder / "llm.mnn.weight").stat().st_size
+
+
+@needs_fixtures
+def test_config_path_works_like_the_folder_and_the_table_shows_the_facts():
+    folder = fixture_dir(FIXTURE_NAMES[0])
+    info = inspect_model(folder / "config.json")
+    assert info == inspect_model(folder)
+    text = format_inspect_table(info)
+    model = info["model"]
+    for fact in (f"hidden {model['hidden_size']}", f"vocab {model['vocab']}", "llm.mnn.weight",
+                 f"{info['n_ops']} ops", "Convolution"):
+        assert fact in text
