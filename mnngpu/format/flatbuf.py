@@ -73,29 +73,30 @@ class FlatBuffer:
         if table_size < 4:
             raise self.error("a table size of at least 4", where, vtable)
         self.need(pos, table_size, where)
-        return TableView(self, pos, vtable_size, table_size, where, depth)
+        return TableView(self, pos, vtable, vtable_size, table_size, where, depth)
 
 
 class TableView:
     """One verified table: typed, checked getters by field index (schema order, from 0)."""
 
-    def __init__(self, fb: FlatBuffer, pos: int, vtable_size: int, table_size: int, where: str, depth: int):
+    def __init__(self, fb: FlatBuffer, pos: int, vtable: int, vtable_size: int, table_size: int, where: str,
+                 depth: int):
         self.fb = fb
         self.pos = pos
         self.where = where
         self.depth = depth
-        self._vtable_size = vtable_size
         self._table_size = table_size
         self._table = Table(fb.data, pos)
+        # the field offsets, read once (the vtable was checked to lie in the buffer)
+        self._field_offsets = struct.unpack_from(f"<{vtable_size // 2 - 2}H", fb.data, vtable + 4)
 
     def _path(self, name: str) -> str:
         return f"{self.where}.{name}"
 
     def _field_pos(self, index: int, width: int, name: str) -> int | None:
-        slot = 4 + 2 * index
-        if slot >= self._vtable_size:
+        if index >= len(self._field_offsets):
             return None
-        rel = self._table.Offset(slot)
+        rel = self._field_offsets[index]  # the value in vtable slot 4 + 2*index
         if rel == 0:
             return None
         if rel + width > self._table_size:
