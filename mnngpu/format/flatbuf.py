@@ -35,6 +35,10 @@ class FlatBuffer:
         self.data = data
         self.size = len(data)
         self.path = os.fspath(path)
+        # Every distinct table takes at least 4 bytes, so a buffer that makes the reader visit
+        # more tables than that shares them (a DAG, or a cycle under the depth limit) and could
+        # make decoding explode; the C++ verifier caps the table count for the same reason.
+        self._tables_left = max(1024, self.size // 4)
 
     def error(self, expected: str, where: str, pos: int | None = None) -> ModelFormatError:
         at = f" (at offset 0x{pos:x})" if pos is not None else ""
@@ -63,6 +67,10 @@ class FlatBuffer:
     def table_at(self, pos: int, where: str, depth: int) -> TableView:
         if depth > MAX_DEPTH:
             raise self.error(f"tables nested at most {MAX_DEPTH} deep", where, pos)
+        self._tables_left -= 1
+        if self._tables_left < 0:
+            raise self.error(f"at most {max(1024, self.size // 4)} table visits for a {self.size}-byte buffer "
+                             "(tables are shared or cyclic)", where, pos)
         self.need(pos, 4, where)
         vtable = pos - struct.unpack_from("<i", self.data, pos)[0]
         self.need(vtable, 4, where + " (vtable)")

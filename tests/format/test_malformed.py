@@ -102,3 +102,18 @@ def read(weights: WeightFile, op):
     if op.type == "Convolution":
         return read_linear(weights, op.param, op.name).dequantize()
     return read_layernorm(weights, op.param, op.name)
+
+
+def test_shared_tables_cannot_blow_up_decoding():
+    # An Attribute whose NamedAttrList holds the same Attribute twice, nested deep: a DAG
+    # with 2^depth paths. The reader must stop, not walk them all.
+    b = flatbuffers.Builder(0)
+    attribute = fbw._table(b, 9, [("int32", 1, 1)])
+    for _ in range(25):  # 50 levels deep (under the depth limit), 2^25 paths
+        attrs = fbw._offsets(b, [attribute, attribute])
+        named = fbw._table(b, 2, [("offset", 1, attrs)])
+        attribute = fbw._table(b, 9, [("offset", 8, named)])
+    extra = fbw._table(b, 5, [("offset", 3, fbw._offsets(b, [attribute]))])
+    ops = [fbw.op(b, "ex", 512, 78, extra, [], [0])]  # OpType Extra = 512, OpParameter Extra = 78
+    with pytest.raises(ModelFormatError, match="table visits"):
+        parse_net(fbw.net(b, ops, ["x"], ["x"]), "dag.mnn")
