@@ -67,10 +67,9 @@ class Llm:
         self.runtime = RuntimeManager.from_config(cfg)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path,
                                        cfg.tie_embeddings, cfg.base_dir / "llm_config.json")
-        from mnngpu.prompt import Prompt
         from mnngpu.sampler import Sampler
 
-        self.prompt = Prompt(cfg.raw)
+        self._prompt = None
         self.sampler = Sampler(cfg.raw)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime)
@@ -86,6 +85,18 @@ class Llm:
 
             self._tokenizer = load_tokenizer(self.config.base_dir, self.config.tokenizer_file)
         return self._tokenizer
+
+    @property
+    def prompt(self):
+        """The chat-template renderer; like MNN, it also reads the template, eos and bos that a
+        .mtok tokenizer carries (a tokenizer.txt has no bos for the template)."""
+        if self._prompt is None:
+            from mnngpu.prompt import Prompt
+
+            tok = self.tokenizer
+            self._prompt = Prompt(self.config.raw, tokenizer_template=tok.chat_template or "",
+                                  tokenizer_eos=tok.eos_token or "", tokenizer_bos=tok.bos_token or "")
+        return self._prompt
 
     def _require_loaded(self) -> None:
         if not self._loaded:
