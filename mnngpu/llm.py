@@ -61,19 +61,24 @@ class Llm:
         self.config.set_config(overrides)
         return True
 
-    def load(self) -> None:
+    def load(self, progress=None) -> None:
+        """`progress(stage, done, total)`, when given, hears each load stage start and end."""
+        report = progress or (lambda stage, done, total: None)
         start = time.perf_counter()
         cfg = self.config
         self.runtime = RuntimeManager.from_config(cfg)
-        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path,
-                                       cfg.tie_embeddings, cfg.base_dir / "llm_config.json")
+        report("weights mapped", 0, 1)
+        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
+        report("weights mapped", 1, 1)
         from mnngpu.sampler import Sampler
 
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
+        report("weights packed", 0, 1)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime)
         self.pool = ModulePool(prefill, cfg.all_logits)
+        report("weights packed", 1, 1)
         self._loaded = True
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
 
@@ -194,9 +199,19 @@ class Llm:
             history.append(token)
             return token
 
+        ended_on_stop_id = []
+
+        def is_stop(token: int) -> bool:
+            stop = self.tokenizer.is_stop(token)
+            if stop:
+                ended_on_stop_id.append(token)
+            return stop
+
         ctx.prompt_len = len(prompt_ids)
         ctx.gen_seq_len = 0
-        out = ar.generate(forward, sample, self.tokenizer.is_stop, prompt_ids, limit, on_token)
+        out = ar.generate(forward, sample, is_stop, prompt_ids, limit, on_token)
+        if out and not ended_on_stop_id:
+            forward([out[-1]])  # as in MNN, every emitted token enters the KV cache; only a stop id does not
         ctx.gen_seq_len = len(out)
         ctx.output_tokens = list(out)
         return out

@@ -64,7 +64,7 @@ SPECS = [
                 hf_overrides={"head_dim": 32}),
 ]
 
-TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.2)
 
 
@@ -85,10 +85,12 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
     }[spec.family]
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,
-                          bos_token_id=0, pad_token_id=0, torch_dtype="bfloat16",
+                          bos_token_id=0, pad_token_id=0, torch_dtype="float32",
                           **{**TINY_SHAPE, **spec.hf_overrides})
     torch.manual_seed(sum(map(ord, spec.name)))
-    model = model_class(config).to(torch.bfloat16)
+    # float32, so the exporter quantizes exact source values: every stored weight is then within
+    # half a quantization step of the committed source tensor
+    model = model_class(config)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
 
