@@ -505,7 +505,8 @@ json.dump(results, open(out_path, "w"))
 """
 
 EVEN_IDS = list(range(0, 400, 2))
-REPEATS = [186, 201, 295] * 4
+# a history holding the bigram (363, 358) that greedy decoding of this model would produce next
+REPEATS = [363, 358, 363, 358, 363, 358, 243, 25, 160, 363]
 MNN_CASES = {
     "repetition": ({"sampler_type": "penalty", "repetition_penalty": 3.0}, EVEN_IDS),
     "presence_frequency": ({"sampler_type": "penalty", "repetition_penalty": 1.0, "presence_penalty": 1.5,
