@@ -51,6 +51,8 @@ CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "Hello world, this is a tiny corpus for tokenizer tests.",
     "A quick brown fox jumps over the lazy dog. A cat sat on a mat.",
+    # llmexport takes the ids before "A" in encode("A") as prefix ids, so " A" must be one token.
+    "A day, A night, A year: A A A A A A A A.",
     "The year 2024 had 366 days; pi is about 3.14159 and e is 2.71828.",
     "I'm sure you're right, they'll see we'd done it. Don't worry, it's fine!",
     "def tokenize(text):\n    return [ord(c) for c in text]  # a comment\n",
@@ -280,13 +282,30 @@ def make_mtok_llama(folder: Path) -> dict:
                          [bos])
 
 
+def train_unigram():
+    """A SentencePiece-style Unigram model (T5 / XLM-R style) as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>")
+    tokenizer.train_from_iterator(corpus_lines(), trainer)
+    return tokenizer
+
+
+def make_mtok_unigram(folder: Path) -> dict:
+    return _mtok_fixture(folder, train_unigram(), "</s>", None, "t5", "Unigram with Metaspace", [])
+
+
 def make_mtok_bert(folder: Path) -> dict:
     return _mtok_fixture(folder, train_wordpiece(), "[SEP]", None, "bert", "BERT WordPiece", [])
 
 
 FIXTURES = {"sentencepiece": make_sentencepiece, "tiktoken": make_tiktoken, "bert": make_bert,
             "huggingface": make_huggingface, "mtok_qwen": make_mtok_qwen,
-            "mtok_llama": make_mtok_llama, "mtok_bert": make_mtok_bert}
+            "mtok_llama": make_mtok_llama, "mtok_bert": make_mtok_bert, "mtok_unigram": make_mtok_unigram}
 
 
 # ---------------------------------------------------------------- recording the truth

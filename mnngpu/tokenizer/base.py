@@ -25,6 +25,7 @@ class Tokenizer:
         self.stop_ids = list(header.stop_ids)
         self.prefix_ids = list(header.prefix_ids)
         self._backend = backend
+        self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self._token_bytes = token_bytes
         self._ids_by_text: dict[str, int] | None = None
         # Only a .mtok file carries these; for tokenizer.txt they come from llm_config.json's jinja.
@@ -39,6 +40,9 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return list(self.prefix_ids)
+        if self._encode_fast is not None:
+            # The batch call without offsets: the same ids, about twice as fast on long text.
+            return self.prefix_ids + self._encode_fast([text], add_special_tokens=False)[0].ids
         return self.prefix_ids + self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_id: int) -> str:

@@ -42,9 +42,10 @@ def mnn_available() -> bool:
 
 
 def run_mnn_tokenizer(tokenizer_path: Path, texts: list[str], decode_count: int = 0,
-                      timed_text: str | None = None) -> dict:
+                      timed_text: str | None = None, timeout: float | None = None) -> dict:
     """MNN's `tokenizer_encode` for each text, `tokenizer_decode` for ids below decode_count
-    (None where the id's bytes are not valid UTF-8), and the seconds one encode of timed_text took."""
+    (None where the id's bytes are not valid UTF-8), and the seconds one encode of timed_text took.
+    Raises subprocess.TimeoutExpired past `timeout` seconds."""
     tokenizer_path = Path(tokenizer_path)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -56,7 +57,7 @@ def run_mnn_tokenizer(tokenizer_path: Path, texts: list[str], decode_count: int 
                    "decode_count": decode_count, "timed_text": timed_text}
         (folder / "request.json").write_text(json.dumps(request), encoding="utf-8")
         argv = [sys.executable, "-c", _WORKER, str(folder / "request.json"), str(folder / "result.json")]
-        done = subprocess.run(argv, capture_output=True, text=True)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"MNN tokenizer run failed for {tokenizer_path} "
                                f"(exit {done.returncode}):\n{done.stderr[-3000:]}")

@@ -44,7 +44,7 @@ def test_decode_of_encode_gives_the_text_back_where_the_format_is_lossless(name)
         ids = tok.encode(case["text"])[len(tok.prefix_ids):]
         assert b"".join(tok.token_bytes(i) for i in ids).decode() == expected
         checked += 1
-    assert checked > 0 or "bert" in name
+    assert checked > 0 or lossless_text(name, "a") is None
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)

@@ -33,6 +33,8 @@ def lossless_text(name: str, text: str) -> str | None:
     library = ref["source"]["library"]
     if "bert" in name:
         return None                      # lowercased, accents stripped, spaces dropped
+    if name == "mtok_unigram":
+        return None                      # no byte fallback: an unknown character becomes <unk>
     if library == "sentencepiece" or name == "mtok_llama":
         specials = ref["source"].get("special_tokens") or {"<s>": 1, "</s>": 2, "<unk>": 0}
         if not text or any(s in text for s in specials):
