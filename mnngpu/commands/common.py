@@ -66,16 +66,19 @@ def model_path(args: argparse.Namespace) -> Path:
 
 
 def load_model(args: argparse.Namespace, extra: dict | None = None):
-    """Create, configure and load the Llm; prints a one-line summary to stderr."""
+    """Create, configure and load the Llm, with a progress bar on a terminal; then one summary line."""
     from mnngpu import llm as mnngpu_llm
+    from mnngpu.progress import LoadProgress, ready_line
 
     start = time.perf_counter()
     model = mnngpu_llm.create(model_path(args))
     model.set_config({**overrides_from(args), **(extra or {})})
-    model.load()
-    cfg = model.config
-    print(f"loaded {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}) "
-          f"on {cfg.backend_type} in {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    progress = LoadProgress(sys.stderr)
+    try:
+        model.load(progress=progress)
+    finally:
+        progress.close()
+    print(ready_line(model, time.perf_counter() - start), file=sys.stderr)
     return model
 
 

@@ -1,0 +1,134 @@
+"""Multi-turn chat over one Llm: which text its KV cache holds, and a reply to a new prompt.
+
+    session = ChatSession(llm)
+    session.ask("Hello").text          # prefills the templated turn
+    session.ask("And then?").text      # with reuse_kv: only what the template adds after the reply
+
+With `reuse_kv`, a prompt that starts with the text already in the cache (the previous prompt
+and its reply) prefills only the rest: for a ChatML template, the end-of-turn marker after
+the reply and the new templated user turn. Like MNN, generation never feeds the stop id that
+ended a reply into the cache; the template's end-of-turn text comes in with the next turn.
+A prompt that does not extend the cached text (an edited history, a template that rewrites
+earlier turns) clears the cache and is prefilled whole, so the cache always holds exactly
+the text it is said to hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mnngpu.errors import InputError
+
+FinishReason = str  # "stop" (a stop id), "length" (max_new_tokens) or "cancelled" (on_text said stop)
+
+
+@dataclass
+class Reply:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int   # every prompt token the reply was conditioned on: cached ones and new ones
+    cached_tokens: int   # of those, the ones reused from the KV cache (not prefilled again)
+
+
+class PromptCache:
+    """The text whose tokens are in the Llm's KV cache, in order."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.text = ""
+
+    def ids_for(self, prompt: str) -> list[int]:
+        """The ids to prefill for `prompt`: only its new part when the cache holds the rest."""
+        if self.llm.config.reuse_kv and self.text and prompt.startswith(self.text) and prompt != self.text:
+            return continuation_ids(self.llm.tokenizer, prompt[len(self.text):])
+        self.clear()
+        return self.llm.tokenizer_encode(prompt)
+
+    def clear(self) -> None:
+        self.llm.reset()
+        self.text = ""
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens the cache holds (after a clear, none, though the memory is freed later)."""
+        return self.llm.runtime.kv_meta.kept
+
+
+def continuation_ids(tokenizer, text: str) -> list[int]:
+    """The ids of `text` as it continues a sequence: without the tokenizer's prefix (BOS) ids."""
+    return tokenizer.encode(text)[len(tokenizer.prefix_ids):]
+
+
+def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | None = None,
+                   on_text: Callable[[str], bool | None] | None = None) -> Reply:
+    """Generate after `prompt`, reusing what `cache` holds; at most `max_new_tokens` (the config's
+    when None), fewer when max_all_tokens leaves less room.
+
+    `on_text(piece)` hears the text each new token completes (often "", while a UTF-8
+    sequence is unfinished), then once more with what is left at the end; returning True
+    stops the reply after that token (finish_reason "cancelled").
+    """
+    limit = llm.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    if limit < 1:
+        raise InputError(f"expected at least 1 new token, got {limit}", field="max_new_tokens")
+    ids = cache.ids_for(prompt)
+    cached = cache.tokens
+    room = llm.config.max_all_tokens - cached - len(ids)
+    if room < 1:
+        raise InputError(f"the prompt's {cached + len(ids)} tokens leave no room for a reply",
+                         field="max_all_tokens")
+    limit = min(limit, room)
+    decoder = llm.tokenizer.stream_decoder()
+    pieces: list[str] = []
+    cancelled = []
+
+    def on_token(token: int) -> bool:
+        piece = decoder.feed(token)
+        pieces.append(piece)
+        if on_text is not None and on_text(piece):
+            cancelled.append(token)
+        return bool(cancelled)
+
+    try:
+        out = llm.generate(ids, limit, on_token)
+    except BaseException:
+        cache.clear()  # a forward cut short leaves the cache in no state we can name
+        raise
+    tail = decoder.flush()
+    if tail:
+        pieces.append(tail)
+        if on_text is not None:
+            on_text(tail)
+    text = "".join(pieces)
+    cache.text = prompt + text  # every emitted token is in the cache; the stop id is not
+    finish = "cancelled" if cancelled else "length" if len(out) >= limit else "stop"
+    return Reply(text, list(out), finish, cached + len(ids), cached)
+
+
+class ChatSession:
+    """A conversation: the messages so far, rendered with the model's chat template each turn."""
+
+    def __init__(self, llm, system_prompt: str | None = None):
+        self.llm = llm
+        self.cache = PromptCache(llm)
+        self.system_prompt = llm.config.system_prompt if system_prompt is None else system_prompt
+        self.messages: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation and the KV cache."""
+        self.cache.clear()
+        self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+    def ask(self, user_text: str, on_text: Callable[[str], bool | None] | None = None,
+            max_new_tokens: int | None = None) -> Reply:
+        messages = [*self.messages, {"role": "user", "content": user_text}]
+        reply = generate_reply(self.llm, self.cache, self.llm.apply_chat_template(messages), max_new_tokens,
+                               on_text)
+        self.messages = [*messages, {"role": "assistant", "content": reply.text}]
+        return reply
+
+
+__all__ = ["ChatSession", "PromptCache", "Reply", "continuation_ids", "generate_reply"]
