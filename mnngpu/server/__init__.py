@@ -1,0 +1,9 @@
+"""An OpenAI-compatible HTTP server over one loaded model (needs `pip install 'mnngpu[serve]'`).
+
+    from mnngpu.server.app import create_app          # imports starlette
+    from mnngpu.server.engine import ServedModel      # does not
+    app = create_app(ServedModel(llm, "my-model"))    # a Starlette app; run it with uvicorn
+
+app.py is the HTTP side, engine.py the queue in front of the model, protocol.py the OpenAI
+request and response shapes, stop.py the stop strings.
+"""

@@ -1,0 +1,131 @@
+"""ServedModel: one loaded Llm behind a queue, so requests take turns with its KV cache.
+
+Every request becomes a Job that runs on the one worker thread, in arrival order. Before it
+runs, the KV cache is either cleared or, with `reuse_kv`, kept because the new prompt starts
+with exactly the text the cache holds (see mnngpu/chat.py). Each job gets a fresh Sampler
+built from the model's config and the request's overrides, so no setting or random state
+carries over to the next request. A job whose client went away is cancelled: it stops after
+the current token, or never starts if it was still waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mnngpu.chat import PromptCache, generate_reply
+from mnngpu.errors import MnnGpuError
+from mnngpu.sampler import Sampler
+from mnngpu.server.protocol import ApiError, GenerationRequest, Usage, sampler_overrides
+from mnngpu.server.stop import StopMatcher
+
+DEFAULT_MAX_QUEUE = 32
+
+
+@dataclass
+class Result:
+    text: str
+    finish_reason: str   # "stop", "length" or "cancelled" (the client went away)
+    usage: Usage
+
+
+@dataclass
+class Job:
+    prompt: str
+    request: GenerationRequest
+    sampler: Sampler
+    on_text: Callable[[str], None] | None = None   # called on the worker thread with each piece to send
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class ServedStats:
+    """What the worker has done, for logs and tests."""
+
+    finished: int = 0
+    cancelled: int = 0
+    completion_tokens: int = 0
+    done: threading.Condition = field(default_factory=threading.Condition)
+
+
+class ServedModel:
+    def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE):
+        self.llm = llm
+        self.name = name
+        self.max_queue = max_queue
+        self.cache = PromptCache(llm)
+        self.stats = ServedStats()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnngpu-generate")
+        self._lock = threading.Lock()
+        self._queued = 0
+
+    # ---- called from the server's event loop --------------------------------------------------------
+    def chat_prompt(self, messages: list[dict]) -> str:
+        try:
+            return self.llm.apply_chat_template(messages)
+        except MnnGpuError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+
+    def new_job(self, prompt: str, request: GenerationRequest) -> Job:
+        """A job with its own sampler; a bad sampler setting is refused here, before any reply starts."""
+        config = self.llm.config.raw
+        try:
+            sampler = Sampler({**config, **sampler_overrides(request, config)})
+        except MnnGpuError as exc:
+            raise ApiError(400, str(exc), param=exc.field) from None
+        return Job(prompt, request, sampler)
+
+    def submit(self, job: Job) -> Future:
+        with self._lock:
+            if self._queued >= self.max_queue:
+                raise ApiError(503, f"{self._queued} requests are already waiting; try again later",
+                               kind="server_error", code="server_busy")
+            self._queued += 1
+        future = self._worker.submit(self._run, job)
+        future.add_done_callback(self._left_queue)
+        return future
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    def _left_queue(self, _future: Future) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    # ---- on the worker thread ------------------------------------------------------------------------
+    def _run(self, job: Job) -> Result:
+        if job.cancelled.is_set():
+            return self._record(Result("", "cancelled", Usage(0, 0)))
+        stops = StopMatcher(job.request.stop)
+
+        def on_text(piece: str) -> bool:
+            sendable = stops.feed(piece)
+            if sendable and job.on_text is not None:
+                job.on_text(sendable)
+            return stops.hit or job.cancelled.is_set()
+
+        self.llm.sampler = job.sampler
+        try:
+            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text)
+        except MnnGpuError as exc:
+            code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
+            raise ApiError(400, str(exc), param=exc.field, code=code) from None
+        rest = stops.flush()
+        if rest and job.on_text is not None:
+            job.on_text(rest)
+        finish = "stop" if stops.hit else reply.finish_reason
+        usage = Usage(reply.prompt_tokens, len(reply.token_ids), reply.cached_tokens)
+        return self._record(Result(stops.text, finish, usage))
+
+    def _record(self, result: Result) -> Result:
+        with self.stats.done:
+            self.stats.finished += 1
+            self.stats.cancelled += result.finish_reason == "cancelled"
+            self.stats.completion_tokens += result.usage.completion_tokens
+            self.stats.done.notify_all()
+        return result
