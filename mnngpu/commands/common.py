@@ -82,8 +82,9 @@ def load_model(args: argparse.Namespace, extra: dict | None = None):
     return model
 
 
-def print_stats(context, out=sys.stderr) -> None:
-    """llm_demo's closing statistics."""
+def print_stats(context, out=None) -> None:
+    """llm_demo's closing statistics (to stderr unless told otherwise)."""
+    out = out if out is not None else sys.stderr
     prefill_s = context.prefill_us / 1e6
     decode_s = context.decode_us / 1e6
     prefill_speed = context.prompt_len / prefill_s if prefill_s > 0 else 0.0
