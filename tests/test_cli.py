@@ -9,6 +9,7 @@ import io
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,15 @@ def test_the_progress_bar_writes_nothing_off_a_terminal():
     bar("weights packed", 1, 2)
     bar.close()
     assert log.getvalue() == ""
+
+
+def test_every_package_the_cli_imports_is_in_the_wheel():
+    """pyproject lists packages by hand (backends/ and shaders/ are mapped), so a new folder is
+    easy to forget; an editable install would not notice, a wheel would lose it."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("mnngpu", *init.parent.relative_to(root / "mnngpu").parts))
+             for init in (root / "mnngpu").rglob("__init__.py")}
+    assert found <= listed
