@@ -63,6 +63,7 @@ class ServedModel:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnngpu-generate")
         self._lock = threading.Lock()
         self._queued = 0
+        self._running: Job | None = None
 
     # ---- called from the server's event loop --------------------------------------------------------
     def chat_prompt(self, messages: list[dict]) -> str:
@@ -91,6 +92,10 @@ class ServedModel:
         return future
 
     def close(self) -> None:
+        """Stop: waiting jobs are dropped, the running one ends after its current token."""
+        running = self._running
+        if running is not None:
+            running.cancel()
         self._worker.shutdown(wait=True, cancel_futures=True)
 
     def _left_queue(self, _future: Future) -> None:
@@ -110,11 +115,14 @@ class ServedModel:
             return stops.hit or job.cancelled.is_set()
 
         self.llm.sampler = job.sampler
+        self._running = job
         try:
             reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text)
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             raise ApiError(400, str(exc), param=exc.field, code=code) from None
+        finally:
+            self._running = None
         rest = stops.flush()
         if rest and job.on_text is not None:
             job.on_text(rest)
