@@ -48,3 +48,37 @@ def silu_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """MNN's BinaryOp MUL_SILU: a * silu(b)."""
     b64 = b.astype(np.float64)
     return (a * b64 / (1 + np.exp(-b64))).astype(np.float32)
+
+
+# ---- elementwise ops, by MNN's op type name (float64 math) ----------------------------------------------------
+
+def _silu64(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _erf64(x):
+    from math import erf
+    return np.vectorize(erf)(x)
+
+
+BINARY = {
+    "ADD": lambda a, b: a + b, "SUB": lambda a, b: a - b, "MUL": lambda a, b: a * b,
+    "REALDIV": lambda a, b: a / b, "DIV": lambda a, b: a / b, "FLOORDIV": lambda a, b: np.floor(a / b),
+    "MOD": lambda a, b: a - np.floor(a / b) * b, "FLOORMOD": lambda a, b: a - np.floor(a / b) * b,
+    "POW": lambda a, b: a ** b, "MAXIMUM": np.fmax, "MINIMUM": np.fmin, "MAX_TEMP": np.fmax, "MIN_TEMP": np.fmin,
+    "SquaredDifference": lambda a, b: (a - b) * (a - b),
+    "GREATER": lambda a, b: (a > b) * 1.0, "GREATER_EQUAL": lambda a, b: (a >= b) * 1.0,
+    "LESS": lambda a, b: (a < b) * 1.0, "LESS_EQUAL": lambda a, b: (a <= b) * 1.0,
+    "EQUAL": lambda a, b: (a == b) * 1.0, "NOTEQUAL": lambda a, b: (a != b) * 1.0,
+    "ATAN2": np.arctan2, "MUL_SILU": lambda a, b: a * _silu64(b),
+}
+
+UNARY = {
+    "ABS": np.abs, "NEG": lambda x: -x, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": lambda x: x * x,
+    "SQRT": np.sqrt, "RSQRT": lambda x: 1.0 / np.sqrt(x), "EXP": np.exp, "LOG": np.log, "SIN": np.sin,
+    "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
+    "RECIPROCAL": lambda x: 1.0 / x, "TANH": np.tanh, "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "SILU": _silu64, "SIGN": np.sign, "ROUND": np.rint, "ERF": _erf64,
+    "GELU": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
+    "GELU_STANDARD": lambda x: 0.5 * x * (1.0 + _erf64(x / np.sqrt(2.0))),
+}

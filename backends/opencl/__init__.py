@@ -1,1 +1,162 @@
-"""The opencl backend."""
+"""The OpenCL backend: the whole graph on one OpenCL device, kernels from shaders/opencl.
+
+Fixed-shape (MNN's shapeMutable=false): each pool module is resized once, its kernels get
+their buffers and shapes bound then, and every step replays the same kernel list. The KV
+cache lives on the device; per step only the graph inputs go up and the logits come down.
+
+A tensor's `device` is a pyopencl Buffer, created on first use (`buffer`), so views can share
+their input's buffer instead. Float tensors are stored as fp32, or as fp16 under
+precision low/normal where the device has cl_khr_fp16; int32 tensors as int32.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+import numpy as np
+import pyopencl as cl
+from mnngpu.backends.opencl.device import VARIANTS, log, log_once, shared_device
+from mnngpu.backends.opencl.ops.attention import AttentionExecution, DeviceKVCache
+from mnngpu.backends.opencl.ops.elementwise import (
+    BINARY_OPS,
+    UNARY_OPS,
+    BinaryExecution,
+    CastExecution,
+    UnaryExecution,
+)
+from mnngpu.backends.opencl.ops.matmul import LinearExecution, pack_linear
+from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecution, ViewExecution
+from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
+
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.errors import ConfigError
+from mnngpu.runtime.module_pool import PREFILL_LEN
+
+FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
+VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")
+
+
+class OpenCLBackend(Backend):
+    type = "opencl"
+    fixed_shape = True
+    executions: ClassVar[dict] = {**{op: ViewExecution for op in VIEW_OPS},
+                  "StridedSlice": GatherCopyExecution, "GatherV2": GatherCopyExecution, "Gather": GatherCopyExecution,
+                  "Concat": ConcatExecution, "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
+                  "Cast": CastExecution, "LayerNorm": LayerNormExecution, "Convolution": LinearExecution,
+                  "Attention": AttentionExecution}
+
+    def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
+                 half_storage: bool | None = None):
+        """`variant` ("cpu" or "gpu" kernels) defaults to $MNNGPU_OPENCL_VARIANT, else the device
+        type's; `half_storage` (fp16 tensors) to precision != high on a device with cl_khr_fp16."""
+        super().__init__(config, kv_meta)
+        self.device = shared_device()
+        self.queue = cl.CommandQueue(self.device.context)
+        self.variant = variant or os.environ.get("MNNGPU_OPENCL_VARIANT") or self.device.default_variant
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"OpenCL kernel variant one of {VARIANTS}, got '{self.variant}'", field="variant")
+        self.half = self._half_storage(config) if half_storage is None else half_storage
+        self.float_storage = np.dtype(np.float16 if self.half else np.float32)
+        self.max_tokens = 2048       # KV capacity (+ one prefill chunk of padding), as MNN's max_all_tokens
+        self.kv_caches: dict[int, DeviceKVCache] = {}
+        self.kv_length_buffer = self.device.buffer(4)
+        self.placeholder = self.device.buffer(4)  # bound where a kernel's optional buffer is absent
+        self._kv_length: int | None = None
+        self._in_flight: list[np.ndarray] = []   # host arrays of non-blocking uploads, kept until finish()
+        log.info("OpenCL on %s, %s kernels, %s storage", self.device.name, self.variant, self.float_storage.name)
+
+    def _half_storage(self, config: BackendConfig) -> bool:
+        if config.precision == "high":
+            return False
+        if self.device.has_fp16:
+            return True
+        log_once(f"OpenCL device {self.device.name} has no cl_khr_fp16: precision '{config.precision}' "
+                 "runs with fp32 storage")
+        return False
+
+    # ---- ops ----------------------------------------------------------------------------------
+    def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node):
+        if not self._supports(inputs, outputs, node):
+            return None
+        return super().onCreate(inputs, outputs, node)
+
+    @staticmethod
+    def _supports(inputs: list[Tensor], outputs: list[Tensor], node: Node) -> bool:
+        op = node.type
+        dtypes = {np.dtype(t.dtype) for t in (*inputs, *outputs)}
+        if op == "BinaryOp":
+            return node.param.opType in BINARY_OPS and dtypes == {FLOAT}
+        if op == "UnaryOp":
+            return node.param.opType in UNARY_OPS and dtypes == {FLOAT}
+        if op == "Cast":
+            return dtypes <= {FLOAT, INT}
+        if op in ("StridedSlice", "GatherV2", "Gather"):
+            return all(t.host is not None for t in inputs[1:])
+        return True
+
+    def rearrange(self, node: Node) -> None:
+        if node.type == "Convolution":
+            node.weights["opencl"] = pack_linear(self, node.weights.pop("weight"))
+        elif node.type == "LayerNorm":
+            pack_norm(self, node)
+
+    def kernel(self, source: str, name: str, defines: dict) -> cl.Kernel:
+        """A new instance (its own bound arguments) of kernel `name` of shaders/opencl/<source>."""
+        storage = {"HALF_STORAGE": 1} if self.half else {}
+        if self.half and self.device.has_fp16:
+            storage["HAS_FP16_EXTENSION"] = 1
+        return cl.Kernel(self.device.program(source, {**storage, **defines}), name)
+
+    # ---- the KV cache ---------------------------------------------------------------------------
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> DeviceKVCache:
+        if layer not in self.kv_caches:
+            self.kv_caches[layer] = DeviceKVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN)
+        return self.kv_caches[layer]
+
+    def set_kv_length(self, length: int) -> None:
+        """Tokens kept in front of this step's new ones, for every Attention kernel to read."""
+        if length != self._kv_length:
+            self._write(self.kv_length_buffer, np.array([length], dtype=np.int32))
+            self._kv_length = length
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def itemsize_of(self, dtype) -> int:
+        return self.float_storage.itemsize if np.dtype(dtype) == FLOAT else np.dtype(dtype).itemsize
+
+    def itemsize(self, tensor: Tensor) -> int:
+        return self.itemsize_of(tensor.dtype)
+
+    def storage_dtype(self, tensor: Tensor) -> np.dtype:
+        return self.float_storage if np.dtype(tensor.dtype) == FLOAT else np.dtype(tensor.dtype)
+
+    def alloc(self, tensor: Tensor) -> None:
+        """Buffers are made on first use (`buffer`), so a view can take its input's instead."""
+
+    def buffer(self, tensor: Tensor) -> cl.Buffer:
+        if tensor.device is None:
+            tensor.device = self.device.buffer(tensor.size * self.itemsize(tensor))
+        return tensor.device
+
+    def or_placeholder(self, buffer: cl.Buffer | None) -> cl.Buffer:
+        return self.placeholder if buffer is None else buffer
+
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(np.asarray(array).reshape(tensor.shape), dtype=self.storage_dtype(tensor))
+        self._write(self.buffer(tensor), data)
+
+    def _write(self, buffer: cl.Buffer, data: np.ndarray) -> None:
+        if data.nbytes:
+            cl.enqueue_copy(self.queue, buffer, data, is_blocking=False)
+            self._in_flight.append(data)
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        host = np.empty(tensor.shape, dtype=self.storage_dtype(tensor))
+        if host.nbytes:
+            cl.enqueue_copy(self.queue, host, self.buffer(tensor), is_blocking=True)
+        self._in_flight.clear()  # the queue is in order: every earlier upload is done
+        return host.astype(tensor.dtype, copy=False)
+
+    def finish(self) -> None:
+        self.queue.finish()
+        self._in_flight.clear()

@@ -1,0 +1,107 @@
+"""MNN's fused Attention on the device, with each layer's KV cache kept on the device.
+
+The kernels are prepared once per module (sized for the cache's capacity) and read how
+many tokens the cache already holds from a one-int device buffer the backend writes before
+the step (OpenCLBackend.set_kv_length), so the same prepared kernels serve every prompt length
+and every decode step. Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim),
+v (the same values seq-major, any shape), mask (not read: the kernels mask causally).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+from mnngpu.backends.opencl.ops.launch import KernelExecution
+
+ATT_WG = 64  # attention_group's work-group size (attention.cl)
+
+
+class DeviceKVCache:
+    """One layer's keys and values: real_t [kv_heads, capacity, head_dim] each."""
+
+    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int):
+        self.backend = backend
+        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
+        self.row_bytes = head_dim * backend.itemsize_of(np.float32)
+        self.k = backend.device.buffer(kv_heads * capacity * self.row_bytes)
+        self.v = backend.device.buffer(kv_heads * capacity * self.row_bytes)
+        self.version = 0  # bumped when the buffers are replaced, so kernels bind the new ones
+
+    def ensure(self, length: int) -> None:
+        """Room for `length` tokens; grows by doubling (a safety net: the capacity is sized up front)."""
+        if length <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < length:
+            capacity *= 2
+        self.k, self.v = (self._grown(old, capacity) for old in (self.k, self.v))
+        self.capacity = capacity
+        self.version += 1
+
+    def _grown(self, old: cl.Buffer, capacity: int) -> cl.Buffer:
+        new = self.backend.device.buffer(self.kv_heads * capacity * self.row_bytes)
+        for h in range(self.kv_heads):
+            cl.enqueue_copy(self.backend.queue, new, old, byte_count=self.capacity * self.row_bytes,
+                            src_offset=h * self.capacity * self.row_bytes, dst_offset=h * capacity * self.row_bytes)
+        return new
+
+    def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
+        """Move the kept (begin, length) spans of a removed region together behind `start`;
+        returns the new end. Rare, so it goes through a scratch buffer (OpenCL copies may not overlap)."""
+        for begin, length in reserve:
+            if begin != 0 and length > 0:
+                nbytes = length * self.row_bytes
+                scratch = self.backend.device.buffer(nbytes)
+                for buffer in (self.k, self.v):
+                    for h in range(self.kv_heads):
+                        head = h * self.capacity
+                        self._copy(buffer, scratch, (head + start + begin) * self.row_bytes, 0, nbytes)
+                        self._copy(scratch, buffer, 0, (head + start) * self.row_bytes, nbytes)
+            start += length
+        return start
+
+    def _copy(self, src: cl.Buffer, dst: cl.Buffer, src_offset: int, dst_offset: int, nbytes: int) -> None:
+        cl.enqueue_copy(self.backend.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)
+
+
+class AttentionExecution(KernelExecution):
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        _, seq, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        backend = self.backend
+        self.seq = seq
+        self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
+        scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
+        defines = {"HEAD_DIM": dim}
+        cache, kv_length = self.cache, backend.kv_length_buffer
+        n = seq * kv_heads * dim
+        self.append = self.prepare(
+            "attention.cl", "kv_append", [cache.k, cache.v, backend.buffer(inputs[1]), backend.buffer(inputs[2]),
+                                          kv_length, np.int32(kv_heads), np.int32(cache.capacity), np.int32(n)],
+            (n,), None, defines)
+        args = [backend.buffer(outputs[0]), backend.buffer(inputs[0]), cache.k, cache.v, kv_length, np.int32(seq),
+                np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale)]
+        if backend.variant == "cpu" and dim % 4 == 0:
+            self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), None, defines)
+        else:
+            self.attend = self.prepare("attention.cl", "attention_group", args, (heads * ATT_WG, seq), (ATT_WG, 1),
+                                       defines)
+        self.bound_version = cache.version
+
+    def _bind_cache(self) -> None:
+        cache = self.cache
+        for kernel, (k_arg, v_arg, capacity_arg) in ((self.append, (0, 1, 6)), (self.attend, (2, 3, 8))):
+            kernel.set_arg(k_arg, cache.k)
+            kernel.set_arg(v_arg, cache.v)
+            kernel.set_arg(capacity_arg, np.int32(cache.capacity))
+        self.bound_version = cache.version
+
+    def onExecute(self, inputs, outputs):
+        meta = self.backend.kv_meta
+        past = self.cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
+        self.cache.ensure(past + self.seq)
+        if self.cache.version != self.bound_version:
+            self._bind_cache()
+        self.backend.set_kv_length(past)
+        super().onExecute(inputs, outputs)

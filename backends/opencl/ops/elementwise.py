@@ -1,0 +1,64 @@
+"""BinaryOp, UnaryOp and Cast on float tensors, one kernel per op type (shaders/opencl/elementwise.cl)."""
+
+from __future__ import annotations
+
+import numpy as np
+from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, index_stand_in, int8_vector
+from mnngpu.backends.opencl.ops.movement import ViewExecution
+
+from mnngpu.errors import ModelFormatError
+
+# The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
+BINARY_OPS = frozenset({"ADD", "SUB", "MUL", "REALDIV", "DIV", "FLOORDIV", "MOD", "FLOORMOD", "POW", "MAXIMUM",
+                        "MINIMUM", "MAX_TEMP", "MIN_TEMP", "SquaredDifference", "GREATER", "GREATER_EQUAL", "LESS",
+                        "LESS_EQUAL", "EQUAL", "NOTEQUAL", "ATAN2", "MUL_SILU"})
+UNARY_OPS = frozenset({"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN",
+                       "ASIN", "ACOS", "ATAN", "RECIPROCAL", "TANH", "SIGMOID", "SILU", "SIGN", "ROUND", "ERF",
+                       "GELU", "GELU_STANDARD"})
+
+
+def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
+    """Per output dim, the input's element stride (0 where the input is broadcast)."""
+    offsets = np.broadcast_to(index_stand_in(shape), out_shape)
+    return [s // offsets.itemsize for s in offsets.strides]
+
+
+class BinaryExecution(KernelExecution):
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        a, b, out = inputs[0], inputs[1], outputs[0]
+        op = self.node.param.opType
+        buffers = [self.backend.buffer(out), self.backend.buffer(a), self.backend.buffer(b), np.int32(out.size)]
+        if a.shape == b.shape == out.shape:
+            self.prepare("elementwise.cl", f"binary_flat_{op}", buffers, (out.size,))
+            return
+        shape, (a_strides, b_strides) = compact(out.shape, [broadcast_strides(a.shape, out.shape),
+                                                            broadcast_strides(b.shape, out.shape)])
+        if len(shape) > MAX_RANK:
+            raise ModelFormatError(f"a broadcast over at most {MAX_RANK} dims, got {len(shape)}", field=self.node.name)
+        vectors = [int8_vector(shape, 1), int8_vector(a_strides, 0), int8_vector(b_strides, 0)]
+        self.prepare("elementwise.cl", f"binary_strided_{op}", buffers + vectors, (out.size,), None,
+                     {"RANK": len(shape)})
+
+
+class UnaryExecution(KernelExecution):
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        out = outputs[0]
+        args = [self.backend.buffer(out), self.backend.buffer(inputs[0]), np.int32(out.size)]
+        self.prepare("elementwise.cl", f"unary_{self.node.param.opType}", args, (out.size,))
+
+
+class CastExecution(KernelExecution):
+    """int32 <-> float32; a cast to the same type is a view."""
+
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        x, out = inputs[0], outputs[0]
+        if np.dtype(x.dtype) == np.dtype(out.dtype):
+            ViewExecution.onResize(self, inputs, outputs)
+            return
+        name = "cast_int_to_float" if np.issubdtype(out.dtype, np.floating) else "cast_float_to_int"
+        self.prepare("elementwise.cl", name, [self.backend.buffer(out), self.backend.buffer(x), np.int32(out.size)],
+                     (out.size,))

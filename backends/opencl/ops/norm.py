@@ -1,0 +1,36 @@
+"""LayerNorm / RMSNorm over the last axes (MNN's LayerNorm with useRMSNorm) on the device."""
+
+from __future__ import annotations
+
+import numpy as np
+from mnngpu.backends.opencl.ops.launch import KernelExecution
+
+from mnngpu.backend import Node
+
+NORM_WG = 64  # norm_group's work-group size (norm.cl)
+
+
+def pack_norm(backend, node: Node) -> None:
+    """Upload gamma and beta once (float32); the small host arrays stay for reference."""
+    node.weights["opencl"] = tuple(None if node.weights.get(name) is None
+                                   else backend.device.constant(np.asarray(node.weights[name], dtype=np.float32))
+                                   for name in ("gamma", "beta"))
+
+
+class LayerNormExecution(KernelExecution):
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        p = self.node.param
+        x = inputs[0]
+        axes = len(p.axis) if getattr(p, "axis", None) else 1
+        width = int(np.prod(x.shape[len(x.shape) - axes:], dtype=np.int64))
+        rows = x.size // width
+        gamma, beta = self.node.weights["opencl"]
+        or_placeholder = self.backend.or_placeholder
+        args = [self.backend.buffer(outputs[0]), self.backend.buffer(x), or_placeholder(gamma), or_placeholder(beta),
+                np.int32(rows), np.int32(width), np.float32(p.epsilon), np.int32(bool(p.useRMSNorm)),
+                np.int32(gamma is not None), np.int32(beta is not None)]
+        if self.backend.variant == "gpu":
+            self.prepare("norm.cl", "norm_group", args, (rows * NORM_WG,), (NORM_WG,))
+        else:
+            self.prepare("norm.cl", "norm_rows", args, (rows,))
