@@ -1,0 +1,97 @@
+"""MNN's fused Attention on the device, each layer's KV cache kept on the device.
+
+The launches are prepared once per module and read the number of cached tokens from a
+one-int device buffer (CUDABackend.set_kv_length) that is written before each step, so the
+same launches, or the CUDA graph holding them, serve every step. Inputs: q (1, seq, heads,
+head_dim), k (1, seq, kv_heads, head_dim), v (the same values seq-major, any shape), mask (not
+read: the kernel masks causally, like MNN's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mnngpu.backends.cuda.device import BLOCK, grid_for
+from mnngpu.backends.cuda.execution import CudaExecution
+
+ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
+MAX_HEAD_DIM = 2 * ATT_TILE
+
+
+class DeviceKVCache:
+    """One layer's keys and values: storage dtype [kv_heads, capacity, head_dim] each."""
+
+    def __init__(self, device, dtype, kv_heads: int, head_dim: int, capacity: int):
+        self.device, self.dtype = device, dtype
+        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
+        self.k = self._zeros(capacity)
+        self.v = self._zeros(capacity)
+        self.version = 0  # bumped when the arrays are replaced, so launches are prepared again
+
+    def _zeros(self, capacity: int):
+        with self.device.stream:
+            return self.device.cp.zeros((self.kv_heads, capacity, self.head_dim), dtype=self.dtype)
+
+    def ensure(self, length: int) -> bool:
+        """Room for `length` tokens; True when the arrays were replaced (grown by doubling)."""
+        if length <= self.capacity:
+            return False
+        capacity = max(length, 2 * self.capacity)
+        grown = []
+        for old in (self.k, self.v):
+            new = self._zeros(capacity)
+            with self.device.stream:
+                new[:, : self.capacity] = old
+            grown.append(new)
+        self.k, self.v = grown
+        self.capacity = capacity
+        self.version += 1
+        return True
+
+    def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
+        """Move the kept (begin, length) spans of a removed region together behind `start`;
+        returns the new end (as the CPU backend's KVCache.apply_reserve)."""
+        with self.device.stream:
+            for begin, length in reserve:
+                if begin != 0 and length > 0:
+                    for cache in (self.k, self.v):
+                        cache[:, start: start + length] = cache[:, start + begin: start + begin + length].copy()
+                start += length
+        return start
+
+
+class AttentionExecution(CudaExecution):
+    def onResize(self, inputs, outputs):
+        _, self.seq, self.heads, self.head_dim = inputs[0].shape
+        self.kv_heads = inputs[1].shape[2]
+        self.cache = self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.head_dim)
+        self.buffers = [self.backend.buffer(t) for t in (inputs[0], inputs[1], inputs[2], outputs[0])]
+        self._prepare()
+
+    def _prepare(self) -> None:
+        self.launches = []
+        backend, cache = self.backend, self.cache
+        q, k, v, out = self.buffers
+        seq, heads, kv_heads, dim = (np.int32(x) for x in (self.seq, self.heads, self.kv_heads, self.head_dim))
+        capacity, length = np.int32(cache.capacity), backend.kv_length
+        scale = np.float32(self.node.param.attnScale or 1.0 / np.sqrt(self.head_dim))
+        n = self.seq * self.kv_heads * self.head_dim
+        self.prepare("attention.cu", "kv_append", grid_for(n), (BLOCK,),
+                     (seq, kv_heads, dim, capacity, length, k, v, cache.k, cache.v))
+        self.prepare("attention.cu", "attention", (self.heads, self.seq), (ATT_TILE,),
+                     (seq, heads, kv_heads, dim, capacity, scale, length, q, cache.k, cache.v, out))
+        self.bound_version = cache.version
+
+    def before_launch(self) -> None:
+        meta = self.backend.kv_meta
+        past = self.cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
+        self.backend.set_kv_length(past)
+
+    def launch(self) -> None:
+        if self.bound_version != self.cache.version:
+            self._prepare()
+        super().launch()
+
+
+def supported(inputs) -> bool:
+    q, k = inputs[0].shape, inputs[1].shape
+    return len(q) == 4 and len(k) == 4 and q[3] <= MAX_HEAD_DIM and k[2] > 0 and q[2] % k[2] == 0

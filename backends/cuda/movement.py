@@ -1,0 +1,78 @@
+"""Data movement on the device: views that share a buffer, and copies through index maps.
+
+Reshape, Squeeze, Unsqueeze, ConvertTensor and Identity change no values (NC4HW4 is logically
+NCHW here), so their output is the input's buffer and they cost nothing per step.
+StridedSlice, GatherV2 and Concat are planned by running mnngpu.runtime.host_ops on an index
+stand-in (an array holding each element's own flat index): the result says which input element
+every output element is, so the semantics stay written once, in host_ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mnngpu.backends.cuda.device import BLOCK, grid_for
+from mnngpu.backends.cuda.execution import CudaExecution
+
+from mnngpu.backend import Execution, Tensor
+from mnngpu.runtime import host_ops
+
+VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")
+INDEX_OPS = ("StridedSlice", "GatherV2", "Gather")
+
+
+def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
+    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+
+
+class ViewExecution(Execution):
+    needs_run = False
+    capturable = True
+
+    def __init__(self, backend, node):
+        super().__init__(backend, node)
+        self.recording = backend.graphs.register(self)
+
+    def onResize(self, inputs, outputs):
+        outputs[0].device = self.backend.buffer(inputs[0])
+
+    def launch(self) -> None:
+        """Nothing to launch: the output is the input's buffer."""
+
+    def onExecute(self, inputs, outputs):
+        """Nothing to do (the Pipeline leaves it out of the replay)."""
+
+
+class MapCopyExecution(CudaExecution):
+    def copy(self, kind: str, src: Tensor, dst: Tensor, index: np.ndarray) -> None:
+        """gather: dst[i] = src[index[i]]; scatter: dst[index[i]] = src[i] (raw 16/32-bit words)."""
+        if index.size == 0:
+            return
+        width = 8 * self.backend.itemsize(src)
+        device_index = self.backend.device.to_device(np.ascontiguousarray(index, dtype=np.int32).reshape(-1))
+        self.maps = [*getattr(self, "maps", []), device_index]  # kept alive with the launch
+        n = np.int32(index.size)
+        self.prepare("copy.cu", f"{kind}_u{width}", grid_for(n), (BLOCK,),
+                     (n, self.backend.buffer(src), device_index, self.backend.buffer(dst)))
+
+
+class IndexCopyExecution(MapCopyExecution):
+    """StridedSlice, GatherV2, Gather: every input but the first is known on the host."""
+
+    def onResize(self, inputs, outputs):
+        stand_in = index_stand_in(inputs[0].shape)
+        source = host_ops.evaluate(self.node, [stand_in, *(t.host for t in inputs[1:])])[0]
+        self.copy("gather", inputs[0], outputs[0], np.asarray(source).reshape(-1))
+
+
+class ConcatExecution(MapCopyExecution):
+    """One scatter per input into its place in the output."""
+
+    def onResize(self, inputs, outputs):
+        absent = [np.full(t.shape, -1, dtype=np.int64) for t in inputs]
+        for j, part in enumerate(inputs):
+            stand_ins = absent[:j] + [index_stand_in(part.shape)] + absent[j + 1:]
+            layout = np.asarray(host_ops.concat(self.node, stand_ins)).reshape(-1)
+            positions = np.flatnonzero(layout >= 0)
+            destination = np.empty(part.size, dtype=np.int64)
+            destination[layout[positions]] = positions
+            self.copy("scatter", part, outputs[0], destination)
