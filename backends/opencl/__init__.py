@@ -34,6 +34,7 @@ from mnngpu.errors import ConfigError
 from mnngpu.runtime.module_pool import PREFILL_LEN
 
 FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
+DEFAULT_MAX_TOKENS = 2048
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")
 
 
@@ -58,7 +59,8 @@ class OpenCLBackend(Backend):
             raise ConfigError(f"OpenCL kernel variant one of {VARIANTS}, got '{self.variant}'", field="variant")
         self.half = self._half_storage(config) if half_storage is None else half_storage
         self.float_storage = np.dtype(np.float16 if self.half else np.float32)
-        self.max_tokens = 2048       # KV capacity (+ one prefill chunk of padding), as MNN's max_all_tokens
+        # KV capacity (+ one prefill chunk of padding): MNN's max_all_tokens, once BackendConfig carries it
+        self.max_tokens = int(getattr(config, "max_all_tokens", None) or DEFAULT_MAX_TOKENS)
         self.kv_caches: dict[int, DeviceKVCache] = {}
         self.kv_length_buffer = self.device.buffer(4)
         self.placeholder = self.device.buffer(4)  # bound where a kernel's optional buffer is absent

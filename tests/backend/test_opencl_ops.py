@@ -232,6 +232,22 @@ def test_attention_keeps_reserved_spans(backend):
     close(backend, out, reference.causal_attention(q[seq:], keys, values, len(kept), 1.0 / np.sqrt(dim)))
 
 
+def test_attention_cache_grows_past_its_capacity(backend):
+    """A history longer than the cache was sized for: the cache doubles and the kernels re-bind."""
+    from mnngpu.backends.opencl.ops.attention import DeviceKVCache
+
+    heads, kv_heads, dim, steps = 2, 2, 8, 7
+    backend.kv_caches[0] = DeviceKVCache(backend, kv_heads, dim, capacity=2)
+    decode = AttentionModule(backend, 1, heads, kv_heads, dim, False)
+    q, k, v = (halfable(rng.standard_normal((steps, h, dim))) for h in (heads, kv_heads, kv_heads))
+    for t in range(steps):
+        backend.kv_meta.add = 1
+        out = decode.step(q[t:t + 1], k[t:t + 1], v[t:t + 1])
+        backend.kv_meta.sync()
+        close(backend, out, reference.causal_attention(q[t:t + 1], k[:t + 1], v[:t + 1], t, 1.0 / np.sqrt(dim)))
+    assert backend.kv_caches[0].capacity == 8
+
+
 # ---- elementwise -----------------------------------------------------------------------------------------------
 
 def binary_inputs(op: str, shape_a, shape_b):

@@ -79,11 +79,11 @@ class AttentionExecution(KernelExecution):
         self.append = self.prepare(
             "attention.cl", "kv_append", [cache.k, cache.v, backend.buffer(inputs[1]), backend.buffer(inputs[2]),
                                           kv_length, np.int32(kv_heads), np.int32(cache.capacity), np.int32(n)],
-            (n,), None, defines)
+            (n,), defines=defines)
         args = [backend.buffer(outputs[0]), backend.buffer(inputs[0]), cache.k, cache.v, kv_length, np.int32(seq),
                 np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale)]
         if backend.variant == "cpu" and dim % 4 == 0:
-            self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), None, defines)
+            self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), (1, 1), defines)
         else:
             self.attend = self.prepare("attention.cl", "attention_group", args, (heads * ATT_WG, seq), (ATT_WG, 1),
                                        defines)

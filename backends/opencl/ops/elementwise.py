@@ -38,8 +38,8 @@ class BinaryExecution(KernelExecution):
         if len(shape) > MAX_RANK:
             raise ModelFormatError(f"a broadcast over at most {MAX_RANK} dims, got {len(shape)}", field=self.node.name)
         vectors = [int8_vector(shape, 1), int8_vector(a_strides, 0), int8_vector(b_strides, 0)]
-        self.prepare("elementwise.cl", f"binary_strided_{op}", buffers + vectors, (out.size,), None,
-                     {"RANK": len(shape)})
+        self.prepare("elementwise.cl", f"binary_strided_{op}", buffers + vectors, (out.size,),
+                     defines={"RANK": len(shape)})
 
 
 class UnaryExecution(KernelExecution):

@@ -15,12 +15,15 @@ from mnngpu.backend import Execution
 class Launch:
     kernel: cl.Kernel
     global_size: tuple[int, ...]
-    local_size: tuple[int, ...] | None
+    local_size: tuple[int, ...]
 
 
-def _round_up(size: tuple[int, ...], local: tuple[int, ...] | None) -> tuple[int, ...]:
-    if local is None:
-        return tuple(max(1, s) for s in size)
+# Every kernel gets a fixed work-group size: PoCL compiles a kernel once per work-group size,
+# so leaving the choice to the driver would compile each kernel again for every tensor shape.
+FLAT_GROUP = (64,)
+
+
+def _round_up(size: tuple[int, ...], local: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(max(1, -(-s // l)) * l for s, l in zip(size, local))
 
 
@@ -30,7 +33,7 @@ class KernelExecution(Execution):
         self.launches: list[Launch] = []
 
     def prepare(self, source: str, name: str, args: list, global_size: tuple[int, ...],
-                local_size: tuple[int, ...] | None = None, defines: dict | None = None) -> cl.Kernel:
+                local_size: tuple[int, ...] = FLAT_GROUP, defines: dict | None = None) -> cl.Kernel:
         """Bind `args` to a new instance of kernel `name` from shaders/opencl/<source> and queue
         it for every onExecute. Kernels guard their own tails, so the global size is rounded up
         to the local size."""

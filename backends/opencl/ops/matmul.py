@@ -18,6 +18,7 @@ from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 ROWS = TOKENS = 4   # outputs and rows of x per work-item in linear_rows_*
 CPU_GROUP = 16      # work-items per group: PoCL spreads groups, not items, over its threads
+GEMM_GROUP_OUTPUTS = 4  # linear_rows_gemm work-items along the outputs per group
 GEMV_WG, TILE = 64, 16
 REPACK_ROWS = 4096  # rows repacked at a time, to bound the temporary unpacked codes
 
@@ -81,6 +82,9 @@ class LinearExecution(KernelExecution):
         elif w.vectorizable and n == 1:
             self.prepare("linear.cl", "linear_rows_gemv", args, (-(-w.oc // ROWS),), (CPU_GROUP,), defines)
         elif w.vectorizable:
-            self.prepare("linear.cl", "linear_rows_gemm", args, (-(-w.oc // ROWS), -(-n // TOKENS)), None, defines)
+            # A group spans every row of x, so the weight rows it reads are reused from cache.
+            token_items = -(-n // TOKENS)
+            group = (GEMM_GROUP_OUTPUTS, min(token_items, 64))
+            self.prepare("linear.cl", "linear_rows_gemm", args, (-(-w.oc // ROWS), token_items), group, defines)
         else:
-            self.prepare("linear.cl", "linear_generic", args, (w.oc, n), None, defines)
+            self.prepare("linear.cl", "linear_generic", args, (w.oc, n), (CPU_GROUP, 1), defines)

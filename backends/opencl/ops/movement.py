@@ -38,8 +38,8 @@ class CopyExecution(KernelExecution):
             if len(shape) <= MAX_RANK:
                 args = [int8_vector(shape, 1), int8_vector(src_strides, 0), int8_vector(dst_strides, 0),
                         np.int32(src_fit[0]), np.int32(dst_fit[0])]
-                self.prepare("copy.cl", f"strided_copy_{width}", buffers + args, (int(n),), None,
-                             {"RANK": len(shape)})
+                self.prepare("copy.cl", f"strided_copy_{width}", buffers + args, (int(n),),
+                             defines={"RANK": len(shape)})
                 return
         maps = [self.backend.device.constant(np.ascontiguousarray(a, dtype=np.int32).reshape(-1))
                 for a in (src_offsets, dst_offsets)]

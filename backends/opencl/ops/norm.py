@@ -7,7 +7,8 @@ from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 from mnngpu.backend import Node
 
-NORM_WG = 64  # norm_group's work-group size (norm.cl)
+NORM_WG = 64    # norm_group's work-group size (norm.cl)
+ROWS_GROUP = 4  # rows per work-group in norm_rows
 
 
 def pack_norm(backend, node: Node) -> None:
@@ -33,4 +34,4 @@ class LayerNormExecution(KernelExecution):
         if self.backend.variant == "gpu":
             self.prepare("norm.cl", "norm_group", args, (rows * NORM_WG,), (NORM_WG,))
         else:
-            self.prepare("norm.cl", "norm_rows", args, (rows,))
+            self.prepare("norm.cl", "norm_rows", args, (rows,), (ROWS_GROUP,))
