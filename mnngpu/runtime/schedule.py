@@ -47,4 +47,5 @@ class RuntimeManager:
             return self.backend()
         if self._cpu_backup is None:
             self._cpu_backup = create_backend("cpu", self.schedule.backend_config, self.kv_meta)
+            self._cpu_backup.reuse_memory = False   # the device backend reads its tensors mid-run
         return self._cpu_backup

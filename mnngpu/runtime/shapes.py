@@ -85,4 +85,7 @@ def infer(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
         return [(_convolution(node, inputs), FLOAT)]
     if op == "Attention":
         return [(_attention(node, inputs), FLOAT)]
+    from mnngpu.runtime.fusion import SHAPE_RULES  # fused node types; imported here: fusion imports us
+    if op in SHAPE_RULES:
+        return SHAPE_RULES[op](node, inputs)
     raise ModelFormatError(f"op type {op} is not supported by mnngpu", field=node.name)

@@ -14,6 +14,7 @@ from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
 from mnngpu.format.quant import read_linear
 from mnngpu.format.weights import WeightFile, read_layernorm
+from mnngpu.runtime.fusion import fuse
 from mnngpu.runtime.host_ops import DTYPES
 from mnngpu.runtime.pipeline import GraphOp
 from mnngpu.runtime.schedule import RuntimeManager
@@ -50,6 +51,8 @@ class StaticModule:
                     backend.rearrange(node)
                 self.ops.append(GraphOp(node, list(op.inputs), list(op.outputs)))
         self.outputs = {name: net.tensor_names.index(name) for name in net.output_names}
+        # Fused node types are used only where this backend's executions table has them.
+        self.ops = fuse(self.ops, set(backend.executions), set(self.outputs.values()))
 
     @staticmethod
     def _graph_input(op) -> GraphInput:

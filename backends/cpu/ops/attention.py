@@ -3,13 +3,19 @@
 Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim), v (same values, any
 layout with seq first), mask. The mask input is not read: like MNN's CPU kernel, the op masks
 causally itself, from how many tokens the cache already holds (KVMeta).
+
+Decode (one query row) is a numba loop over the heads. Prefill multiplies with BLAS per KV
+head and block of queries, `QUERY_BLOCK` rows at a time, so the score matrix stays small.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from mnngpu.backend import Execution
+from mnngpu.backends.cpu.execution import CPUExecution
+
+QUERY_BLOCK = 128   # query positions per prefill score tile
 
 
 class KVCache:
@@ -42,43 +48,110 @@ class KVCache:
         return start
 
 
-def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
-    """q (seq, heads, d); keys/values (kv_heads, past+seq, d) -> (seq, heads, d), causal."""
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def attend_one(q, keys, values, total, scale, scores, out):
+    """One query row. q, out [heads, dim]; keys, values [kv_heads, capacity, dim]; scores [total]."""
+    heads, dim = q.shape
+    group = heads // keys.shape[0]
+    for h in range(heads):
+        g = h // group
+        best = np.float32(-np.inf)
+        for t in range(total):
+            s = np.float32(0.0)
+            for i in range(dim):
+                s += q[h, i] * keys[g, t, i]
+            s *= scale
+            scores[t] = s
+            best = max(best, s)
+        norm = np.float32(0.0)
+        for t in range(total):
+            e = np.exp(scores[t] - best)
+            scores[t] = e
+            norm += e
+        for i in range(dim):
+            out[h, i] = 0.0
+        for t in range(total):
+            p = scores[t] / norm
+            for i in range(dim):
+                out[h, i] += p * values[g, t, i]
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def causal_softmax(scores, rows_per_query, first_visible):
+    """scores [queries*rows_per_query, total] in place; row r sees keys [0, first_visible + r // rows_per_query]."""
+    for r in range(scores.shape[0]):
+        visible = first_visible + r // rows_per_query
+        best = np.float32(-np.inf)
+        for t in range(visible):
+            best = max(best, scores[r, t])
+        norm = np.float32(0.0)
+        for t in range(visible):
+            e = np.exp(scores[r, t] - best)
+            scores[r, t] = e
+            norm += e
+        inv = np.float32(1.0) / norm
+        for t in range(visible):
+            scores[r, t] *= inv
+        for t in range(visible, scores.shape[1]):
+            scores[r, t] = 0.0
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
+           out: np.ndarray, parallel=None) -> None:
+    """q (seq, heads, d); keys/values (kv_heads, >= past+seq, d) -> out (seq, heads, d), causal."""
     seq, heads, dim = q.shape
-    kv_heads, total, _ = keys.shape
+    kv_heads = keys.shape[0]
     group = heads // kv_heads
-    qg = q.transpose(1, 0, 2).reshape(kv_heads, group * seq, dim)          # (kvh, group*seq, d)
-    scores = np.matmul(qg, keys.transpose(0, 2, 1)) * np.float32(scale)    # (kvh, group*seq, total)
-    scores = scores.reshape(kv_heads, group, seq, total)
-    visible = np.arange(total)[None, :] <= (past + np.arange(seq))[:, None]
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    out = np.matmul(probs.reshape(kv_heads, group * seq, total), values)   # (kvh, group*seq, d)
-    return out.reshape(heads, seq, dim).transpose(1, 0, 2)
+    total = past + seq
+    blocks = [(g, start) for g in range(kv_heads) for start in range(0, seq, QUERY_BLOCK)]
+
+    def block(index: int) -> None:
+        g, start = blocks[index]
+        stop = min(seq, start + QUERY_BLOCK)
+        visible = past + stop
+        # (queries, group, d) -> rows ordered query-major, so r // group is the query offset
+        rows = np.ascontiguousarray(q[start:stop, g * group:(g + 1) * group]).reshape(-1, dim)
+        scores = rows @ keys[g, :visible].T
+        scores *= np.float32(scale)
+        causal_softmax(scores, group, past + start + 1)
+        out[start:stop, g * group:(g + 1) * group] = (scores @ values[g, :visible]).reshape(stop - start, group, dim)
+
+    if parallel is None:
+        for index in range(len(blocks)):
+            block(index)
+    else:
+        parallel(block, len(blocks))
 
 
-class CPUAttention(Execution):
+class CPUAttention(CPUExecution):
+    def prepare(self, inputs, outputs):
+        _, self.seq, self.heads, self.dim = inputs[0].shape
+        self.kv_heads = inputs[1].shape[2]
+        self.scale = np.float32(self.node.param.attnScale or 1.0 / np.sqrt(self.dim))
+
+    def bind(self):
+        seq, kvh, dim = self.seq, self.kv_heads, self.dim
+        self.q = self.value(self.inputs[0]).reshape(seq, self.heads, dim)
+        self.k_new = self.value(self.inputs[1]).reshape(seq, kvh, dim).transpose(1, 0, 2)
+        self.v_new = self.value(self.inputs[2]).reshape(seq, kvh, dim).transpose(1, 0, 2)
+        self.out = self.outputs[0].device.reshape(seq, self.heads, dim)
+
     def onExecute(self, inputs, outputs):  # noqa: N802
-        q, k = inputs[0].device, inputs[1].device
-        _, seq, heads, dim = q.shape
-        kv_heads = k.shape[2]
-        k_new = k.reshape(seq, kv_heads, dim).transpose(1, 0, 2)
-        v_new = np.asarray(inputs[2].device).reshape(seq, kv_heads, dim).transpose(1, 0, 2)
-        cache = self._cache(kv_heads, dim)
+        cache = self._cache()
         meta = self.backend.kv_meta
         past = cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
-        cache.ensure(past + seq)
-        cache.k[:, past: past + seq] = k_new
-        cache.v[:, past: past + seq] = v_new
-        scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
-        out = attend(q.reshape(seq, heads, dim), cache.k[:, : past + seq], cache.v[:, : past + seq], past, scale)
-        outputs[0].device = np.ascontiguousarray(out, dtype=np.float32).reshape(outputs[0].shape)
+        cache.ensure(past + self.seq)
+        cache.k[:, past: past + self.seq] = self.k_new
+        cache.v[:, past: past + self.seq] = self.v_new
+        if self.seq == 1:
+            scores = self.backend.scratch("attention_scores", (past + 1,))
+            attend_one(self.q[0], cache.k, cache.v, past + 1, self.scale, scores, self.out[0])
+        else:
+            attend(self.q, cache.k, cache.v, past, self.scale, self.out, self.backend.parallel)
 
-    def _cache(self, kv_heads: int, dim: int) -> KVCache:
+    def _cache(self) -> KVCache:
         layer = self.node.param.layer_index
         caches = self.backend.kv_caches
         if layer not in caches:
-            caches[layer] = KVCache(kv_heads, dim)
+            caches[layer] = KVCache(self.kv_heads, self.dim)
         return caches[layer]

@@ -1,13 +1,68 @@
-"""Data-movement and elementwise ops on the CPU: the shared numpy semantics, on activations."""
+"""Elementwise and data-movement ops on the CPU, writing into their planned output buffers.
+
+The common float BinaryOps and UnaryOps call a numpy ufunc with `out=`; every other op (Cast,
+Concat, StridedSlice, Gather, the rarer Binary/Unary types) evaluates the shared numpy
+semantics of runtime/host_ops and copies the result into its buffer.
+"""
 
 from __future__ import annotations
 
-from mnngpu.backend import Execution
+import numba
+import numpy as np
+
+from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.runtime import host_ops
 
+UFUNCS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
+          "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
+UNARY_UFUNCS = {"NEG": np.negative, "COS": np.cos, "SIN": np.sin, "EXP": np.exp, "SQRT": np.sqrt,
+                "ABS": np.abs, "TANH": np.tanh, "SQUARE": np.square}
 
-class HostOpExecution(Execution):
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def _mul_silu(a, b, out):
+    for i in range(out.size):
+        out[i] = a[i] * b[i] / (np.float32(1.0) + np.exp(-b[i]))
+
+
+class HostOpExecution(CPUExecution):
+    """Any op of host_ops on activations: evaluate, then copy into the output buffer."""
+
+    def bind(self):
+        self.args = [self.value(t) for t in self.inputs]
+        self.out = self.outputs[0].device
+
     def onExecute(self, inputs, outputs):  # noqa: N802
-        values = [t.host if t.device is None else t.device for t in inputs]
-        for tensor, value in zip(outputs, host_ops.evaluate(self.node, values)):
-            tensor.device = value
+        (result,) = host_ops.evaluate(self.node, self.args)
+        np.copyto(self.out, result, casting="unsafe")
+
+
+class BinaryExecution(HostOpExecution):
+    def bind(self):
+        super().bind()
+        a, b = self.args
+        op = self.node.param.opType
+        floats = self.out.dtype == np.float32 and a.dtype == np.float32 and b.dtype == np.float32
+        self.ufunc = UFUNCS.get(op) if floats else None
+        self.silu = floats and op == "MUL_SILU" and a.shape == b.shape == self.out.shape
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        if self.ufunc is not None:
+            self.ufunc(self.args[0], self.args[1], out=self.out)
+        elif self.silu:
+            _mul_silu(self.args[0].reshape(-1), self.args[1].reshape(-1), self.out.reshape(-1))
+        else:
+            super().onExecute(inputs, outputs)
+
+
+class UnaryExecution(HostOpExecution):
+    def bind(self):
+        super().bind()
+        floats = self.out.dtype == np.float32 and self.args[0].dtype == np.float32
+        self.ufunc = UNARY_UFUNCS.get(self.node.param.opType) if floats else None
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        if self.ufunc is not None:
+            self.ufunc(self.args[0], out=self.out)
+        else:
+            super().onExecute(inputs, outputs)

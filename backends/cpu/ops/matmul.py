@@ -1,121 +1,200 @@
 """1x1 Convolution as a linear layer over quantized weights kept packed in memory.
 
-Decode (one row) runs a fused numba GEMV straight over the packed codes:
-    y[o] = sum_b scale[o,b] * (q[o, block b] . x[block b]) + zero[o,b] * sum(x[block b])
-Prefill (many rows) dequantizes a tile of output rows at a time into a reused float32
-buffer and multiplies with numpy's BLAS, so no float copy of the whole weight ever exists.
+The packed form (`PackedLinear`) is the weight file's own bytes wherever it can be: the int4/int8
+codes are views of the memory-mapped file, and so is alpha when the file stores it as fp32
+(min, scale) pairs, which the exporter does. Otherwise alpha is rebuilt as (zero, scale) pairs
+from the decoded scales and zeros (small models, symmetric or fp16-alpha exports).
+
+* Decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup (q/k/v)
+  in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
+* Prefill (PREFILL_ROWS rows or more): tiles of output rows are dequantized into a per-thread
+  float32 buffer and multiplied with numpy's BLAS (one BLAS thread per worker), so no float copy
+  of a whole weight ever exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from mnngpu.backend import Execution
+from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
-TILE_BYTES = 1 << 20  # float32 tile of dequantized rows for the prefill GEMM
+TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
+PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
+EMPTY = np.zeros(0, dtype=np.float32)
 
 
 @dataclass
 class PackedLinear:
     oc: int
     ic: int
-    block_size: int
-    nibbles: bool            # True: two 4-bit codes per byte, high nibble first
-    codes: np.ndarray | None  # uint8 [oc, ic//2] (nibbles) or [oc, ic]
-    scales: np.ndarray | None  # float32 [oc, n_blocks]
-    zeros: np.ndarray | None
-    bias: np.ndarray | None   # float32 [oc]
-    dense: np.ndarray | None = None  # float32 [oc, ic] for unquantized weights
+    block: int                 # inputs per (row, block) scale
+    nibbles: bool              # codes hold two 4-bit values a byte, high nibble first
+    codes: np.ndarray | None   # uint8 [oc, ic//2] or [oc, ic]
+    alpha: np.ndarray | None   # float32 [oc, n_blocks, 2]: (min, scale)
+    k: np.float32              # w = (code + k) * scale + min
+    bias: np.ndarray           # float32 [oc], or empty
+    dense: np.ndarray | None = None   # float32 [oc, ic] for unquantized weights
+    in_place: bool = False     # codes and alpha are both views of the weight file
 
 
-def pack_linear(weight) -> PackedLinear:
-    """CPU layout: the decoder's arrays as they are (the file's own order serves the kernel)."""
-    bias = None if weight.bias is None else np.ascontiguousarray(weight.bias, dtype=np.float32)
-    if weight.bits > 8:
-        return PackedLinear(weight.oc, weight.ic, weight.ic, False, None, None, None, bias,
+def pack_linear(weight, param=None) -> PackedLinear:
+    """The CPU layout of a decoded QuantizedLinear (mnngpu.format.quant); `param` is the op's
+    Convolution2D, whose `external` offsets locate alpha in the file."""
+    bias = EMPTY if weight.bias is None else np.ascontiguousarray(weight.bias, dtype=np.float32)
+    if not weight.is_quantized:
+        return PackedLinear(weight.oc, weight.ic, weight.ic, False, None, None, np.float32(0), bias,
                             dense=np.ascontiguousarray(weight.float_weight, dtype=np.float32))
-    nibbles = weight.bits == 4
-    codes = weight.codes if weight.bits in (4, 8) else weight.unpacked_codes()
-    return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, np.ascontiguousarray(codes),
-                        np.ascontiguousarray(weight.scales, dtype=np.float32),
-                        np.ascontiguousarray(weight.zeros, dtype=np.float32), bias)
+    nibbles = weight.bits == 4 and weight.block_size % 2 == 0 and weight.codes.shape[1] * 2 == weight.ic
+    codes = weight.codes if nibbles or weight.bits == 8 else weight.unpacked_codes()
+    codes = np.ascontiguousarray(codes)
+    raw = _file_alpha(weight, param)
+    k = _code_offset(weight, raw) if raw is not None else None
+    if k is not None:
+        return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, codes, raw, k, bias, in_place=True)
+    alpha = np.stack([weight.zeros, weight.scales], axis=-1).astype(np.float32)
+    return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, codes, alpha, np.float32(0), bias)
 
 
-@numba.njit(parallel=True, cache=True, fastmath=False)
-def _gemv_q4(codes, scales, zeros, x, block_sums, block_size, out):
-    oc, n_blocks = scales.shape
-    half = block_size // 2
-    for o in numba.prange(oc):
-        acc = 0.0
-        for b in range(n_blocks):
-            dot = 0.0
-            base = b * half
-            for j in range(half):
-                byte = codes[o, base + j]
-                dot += (byte >> 4) * x[2 * (base + j)] + (byte & 15) * x[2 * (base + j) + 1]
-            acc += scales[o, b] * dot + zeros[o, b] * block_sums[b]
-        out[o] = acc
+def _file_alpha(weight, param) -> np.ndarray | None:
+    """The file's fp32 (min, scale) pairs [oc, n_blocks, 2] as a view, when the codes come from it."""
+    external = getattr(param, "external", None)
+    if external is None or len(external) < 3 or external[2] != weight.oc * weight.n_blocks * 8:
+        return None
+    source = weight.codes
+    while isinstance(source, np.ndarray):
+        source = source.base
+    if source is None:
+        return None
+    try:
+        pairs = np.frombuffer(source, dtype="<f4", count=external[2] // 4, offset=external[0] + external[1])
+    except (TypeError, ValueError):
+        return None
+    return pairs.reshape(weight.oc, weight.n_blocks, 2)
 
 
-@numba.njit(parallel=True, cache=True, fastmath=False)
-def _gemv_q8(codes, scales, zeros, x, block_sums, block_size, out):
-    oc, n_blocks = scales.shape
-    for o in numba.prange(oc):
-        acc = 0.0
-        for b in range(n_blocks):
-            dot = 0.0
-            base = b * block_size
-            for i in range(block_size):
-                dot += codes[o, base + i] * x[base + i]
-            acc += scales[o, b] * dot + zeros[o, b] * block_sums[b]
-        out[o] = acc
+def _code_offset(weight, raw: np.ndarray) -> np.float32 | None:
+    """k with scales == raw scale and zeros == raw min + k * scale (the decoder's own arithmetic)."""
+    scale, low = raw[..., 1], raw[..., 0]
+    if not np.array_equal(scale, weight.scales):
+        return None
+    nonzero = np.flatnonzero(scale)
+    if nonzero.size == 0:
+        return None
+    first = nonzero[0]
+    k = np.float32(np.rint((weight.zeros.reshape(-1)[first] - low.reshape(-1)[first]) / scale.reshape(-1)[first]))
+    tolerance = 1e-6 * float(np.abs(scale).max()) * (1 << weight.bits) + 1e-30
+    if np.abs(weight.zeros - (low + k * scale)).max() > tolerance:
+        return None
+    return k
 
 
-@numba.njit(parallel=True, cache=True)
-def _dequant_rows(codes, scales, zeros, block_size, nibbles, start, stop, out):
-    ic = out.shape[1]
-    for r in numba.prange(stop - start):
-        o = start + r
-        for i in range(ic):
-            if nibbles:
-                byte = codes[o, i >> 1]
-                q = (byte >> 4) if (i & 1) == 0 else (byte & 15)
-            else:
-                q = codes[o, i]
-            b = i // block_size
-            out[r, i] = q * scales[o, b] + zeros[o, b]
+class CPULinear(CPUExecution):
+    """One Convolution, or a fused LinearGroup (several outputs) / GatedLinear (gate, up -> one)."""
 
+    gated = False
 
-def linear(w: PackedLinear, x: np.ndarray) -> np.ndarray:
-    """x float32 [rows, ic] -> [rows, oc]."""
-    rows = x.shape[0]
-    if w.dense is not None:
-        y = x @ w.dense.T
-    elif rows == 1:
-        xv = np.ascontiguousarray(x[0], dtype=np.float32)
-        sums = xv.reshape(-1, w.block_size).sum(axis=1)
-        y = np.empty((1, w.oc), dtype=np.float32)
-        kernel = _gemv_q4 if w.nibbles else _gemv_q8
-        kernel(w.codes, w.scales, w.zeros, xv, sums, w.block_size, y[0])
-    else:
-        y = np.empty((rows, w.oc), dtype=np.float32)
-        tile_rows = max(1, min(w.oc, TILE_BYTES // (4 * w.ic)))
-        tile = np.empty((tile_rows, w.ic), dtype=np.float32)
-        for start in range(0, w.oc, tile_rows):
-            stop = min(w.oc, start + tile_rows)
-            part = tile[: stop - start]
-            _dequant_rows(w.codes, w.scales, w.zeros, w.block_size, w.nibbles, start, stop, part)
-            np.matmul(x, part.T, out=y[:, start:stop])
-    if w.bias is not None:
-        y += w.bias
-    return y
+    @property
+    def members(self) -> list[PackedLinear]:
+        param = self.node.param
+        nodes = param.members if hasattr(param, "members") else [self.node]
+        return [node.weights["packed"] for node in nodes]
 
+    def prepare(self, inputs, outputs):
+        self.weights = self.members
+        first = self.weights[0]
+        self.rows = inputs[0].size // first.ic
+        self.fused_gemv = all(w.codes is not None and w.nibbles == first.nibbles and w.block == first.block
+                              and w.ic == first.ic for w in self.weights)
 
-class CPULinear(Execution):
+    def bind(self):
+        first = self.weights[0]
+        self.x = self.value(self.inputs[0]).reshape(self.rows, first.ic)
+        self.outs = [t.device.reshape(self.rows, -1) for t in self.outputs]
+        self.gemv_calls = []
+        if self.fused_gemv and self.rows < PREFILL_ROWS:
+            self.xd = np.empty(first.ic // 2, dtype=np.float32)
+            self.xo = np.empty(first.ic // 2, dtype=np.float32)
+            self.xsum = np.empty(first.ic // first.block, dtype=np.float32)
+            self.gemv_calls = [self._gemv_args(row) for row in range(self.rows)]
+
+    def _matrices(self) -> tuple:
+        return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
+                tuple(w.k for w in self.weights), tuple(w.bias for w in self.weights))
+
+    def _gemv_args(self, row: int) -> tuple:
+        first = self.weights[0]
+        ends = np.cumsum([w.oc for w in self.weights])
+        return (*self._matrices(), tuple(EMPTY for _ in self.weights), ends, self.x[row], first.nibbles,
+                first.block, self.xd, self.xo, self.xsum, tuple(out[row] for out in self.outs))
+
+    kernel = staticmethod(kernels.gemv_group)
+
     def onExecute(self, inputs, outputs):  # noqa: N802
-        w: PackedLinear = self.node.weights["packed"]
-        x = np.ascontiguousarray(inputs[0].device, dtype=np.float32).reshape(-1, w.ic)
-        outputs[0].device = linear(w, x).reshape(outputs[0].shape)
+        if not self.gemv_calls:
+            self._prefill()
+            return
+        for args in self.gemv_calls:
+            self.kernel(*args)
+
+    def _prefill(self) -> None:
+        tiles = [(m, start) for m, w in enumerate(self.weights) for start in range(0, w.oc, tile_rows(w))]
+
+        def run(index: int) -> None:
+            m, start = tiles[index]
+            w = self.weights[m]
+            stop = min(w.oc, start + tile_rows(w))
+            np.matmul(self.x, weight_tile(self.backend, w, start, stop).T, out=self.outs[m][:, start:stop])
+            if w.bias.size:
+                self.outs[m][:, start:stop] += w.bias[start:stop]
+
+        self.backend.parallel(run, len(tiles))
+
+
+class CPUGatedLinear(CPULinear):
+    """GatedLinear: out = up(x) * silu(gate(x)), members [gate, up]."""
+
+    kernel = staticmethod(kernels.gemv_gated)
+
+    def bind(self):
+        self.out = self.outputs[0].device.reshape(self.rows, -1)
+        super().bind()
+
+    def _gemv_args(self, row: int) -> tuple:
+        first = self.weights[0]
+        return (*self._matrices(), self.x[row], first.nibbles, first.block, self.xd, self.xo, self.xsum,
+                self.out[row])
+
+    def _prefill(self) -> None:
+        gate, up = self.weights
+        starts = list(range(0, gate.oc, tile_rows(gate)))
+
+        def run(index: int) -> None:
+            start = starts[index]
+            stop = min(gate.oc, start + tile_rows(gate))
+            g = self.backend.scratch("gate", (self.rows, stop - start))
+            u = self.backend.scratch("up", (self.rows, stop - start))
+            np.matmul(self.x, weight_tile(self.backend, gate, start, stop).T, out=g)
+            np.matmul(self.x, weight_tile(self.backend, up, start, stop).T, out=u)
+            if gate.bias.size:
+                g += gate.bias[start:stop]
+            if up.bias.size:
+                u += up.bias[start:stop]
+            kernels.mul_silu(u, g, self.out[:, start:stop])
+
+        self.backend.parallel(run, len(starts))
+
+
+def tile_rows(w: PackedLinear) -> int:
+    return max(8, min(w.oc, TILE_BYTES // (4 * w.ic)))
+
+
+def weight_tile(backend, w: PackedLinear, start: int, stop: int) -> np.ndarray:
+    """float32 rows [start, stop) of w, in this thread's scratch tile (or a view of dense weights)."""
+    if w.dense is not None:
+        return w.dense[start:stop]
+    tile = backend.scratch("weight_tile", (stop - start, w.ic))
+    kernels.dequantize_rows(w.codes, w.alpha, w.k, w.nibbles, w.block, start, tile)
+    return tile

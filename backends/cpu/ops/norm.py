@@ -1,30 +1,68 @@
-"""LayerNorm / RMSNorm over the last axes (MNN's LayerNorm with useRMSNorm)."""
+"""LayerNorm / RMSNorm over the last axes (MNN's LayerNorm with useRMSNorm), one row at a time."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from mnngpu.backend import Execution
+from mnngpu.backends.cpu.execution import CPUExecution
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def norm_rows(x, gamma, beta, eps, rms, out):
+    """x, out [rows, n]; gamma, beta [n] or empty. Sums in float64: a row of 896 is cheap."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        mean = 0.0
+        if not rms:
+            for i in range(n):
+                mean += x[r, i]
+            mean /= n
+        var = 0.0
+        for i in range(n):
+            d = x[r, i] - mean
+            var += d * d
+        inv = np.float32(1.0 / np.sqrt(var / n + eps))
+        shift = np.float32(mean)
+        for i in range(n):
+            value = (x[r, i] - shift) * inv
+            if gamma.size:
+                value *= gamma[i]
+            if beta.size:
+                value += beta[i]
+            out[r, i] = value
 
 
 def layer_norm(x: np.ndarray, gamma, beta, eps: float, rms: bool, axes: int) -> np.ndarray:
+    """The reference path for tests and odd inputs: x normalized over its last `axes` axes."""
     shape = x.shape
-    rows = x.reshape(-1, int(np.prod(shape[len(shape) - axes:])))
-    if rms:
-        normed = rows / np.sqrt(np.mean(rows * rows, axis=1, keepdims=True) + eps)
-    else:
-        centred = rows - rows.mean(axis=1, keepdims=True)
-        normed = centred / np.sqrt(np.mean(centred * centred, axis=1, keepdims=True) + eps)
-    if gamma is not None:
-        normed = normed * gamma.reshape(1, -1)
-    if beta is not None:
-        normed = normed + beta.reshape(1, -1)
-    return normed.astype(np.float32, copy=False).reshape(shape)
+    n = int(np.prod(shape[len(shape) - axes:]))
+    out = np.empty((x.size // n, n), dtype=np.float32)
+    empty = np.zeros(0, dtype=np.float32)
+    norm_rows(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n),
+              empty if gamma is None else np.ascontiguousarray(gamma, dtype=np.float32).reshape(-1),
+              empty if beta is None else np.ascontiguousarray(beta, dtype=np.float32).reshape(-1),
+              float(eps), bool(rms), out)
+    return out.reshape(shape)
 
 
-class CPULayerNorm(Execution):
-    def onExecute(self, inputs, outputs):  # noqa: N802
+class CPULayerNorm(CPUExecution):
+    def prepare(self, inputs, outputs):
         p = self.node.param
         axes = len(p.axis) if getattr(p, "axis", None) else 1
-        outputs[0].device = layer_norm(inputs[0].device, self.node.weights.get("gamma"),
-                                       self.node.weights.get("beta"), p.epsilon, bool(p.useRMSNorm), axes)
+        shape = inputs[0].shape
+        self.n = int(np.prod(shape[len(shape) - axes:]))
+        empty = np.zeros(0, dtype=np.float32)
+        gamma, beta = self.node.weights.get("gamma"), self.node.weights.get("beta")
+        if bool(p.useRMSNorm) and beta is not None and not beta.any():
+            beta = None   # an RMSNorm export stores a zero beta
+        self.gamma = empty if gamma is None else np.ascontiguousarray(gamma, dtype=np.float32).reshape(-1)
+        self.beta = empty if beta is None else np.ascontiguousarray(beta, dtype=np.float32).reshape(-1)
+        self.eps, self.rms = float(p.epsilon), bool(p.useRMSNorm)
+
+    def bind(self):
+        self.x = self.value(self.inputs[0]).reshape(-1, self.n)
+        self.out = self.outputs[0].device.reshape(-1, self.n)
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        norm_rows(self.x, self.gamma, self.beta, self.eps, self.rms, self.out)

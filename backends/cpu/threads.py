@@ -1,0 +1,62 @@
+"""The CPU backend's threads: numba's pool for the decode kernels, a small worker pool for prefill.
+
+Prefill splits each big op into independent tiles (dequantize + a BLAS multiply, or one KV
+head of attention) and runs them on `thread_num` Python threads; the kernels release the GIL.
+BLAS itself is kept to one thread, so its spinning workers never compete with these.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+# numpy's bundled OpenBLAS names its setter after the wheel's symbol suffix.
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def set_blas_threads(count: int) -> bool:
+    """Set the thread count of the OpenBLAS that numpy loaded; False when none is found."""
+    import numpy.linalg  # noqa: F401  (loads the BLAS library)
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        return False
+    for path in sorted(paths):
+        if not os.path.exists(path):
+            continue
+        library = ctypes.CDLL(path)
+        for name in _BLAS_SETTERS:
+            setter = getattr(library, name, None)
+            if setter is not None:
+                setter(ctypes.c_int(count))
+                return True
+    return False
+
+
+class WorkerPool:
+    """`parallel(fn, n)` runs fn(0..n-1) on the calling thread plus `threads - 1` workers."""
+
+    def __init__(self, threads: int):
+        self.threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mnngpu-cpu") if self.threads > 1 else None
+
+    def parallel(self, fn: Callable[[int], None], count: int) -> None:
+        if self._pool is None or count <= 1:
+            for index in range(count):
+                fn(index)
+            return
+        shares = min(self.threads, count)
+
+        def share(first: int) -> None:
+            for index in range(first, count, shares):
+                fn(index)
+
+        futures = [self._pool.submit(share, first) for first in range(1, shares)]
+        share(0)
+        for future in futures:
+            future.result()
