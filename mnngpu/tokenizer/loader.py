@@ -51,7 +51,10 @@ def resolve_tokenizer_path(base_dir: str | os.PathLike, tokenizer_file: str | No
 def load_tokenizer(base_dir: str | os.PathLike, tokenizer_file: str | None = None) -> Tokenizer:
     """The tokenizer of an MNN model folder; raises TokenizerError naming the file and line/offset."""
     path = resolve_tokenizer_path(base_dir, tokenizer_file)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise TokenizerError(f"a readable tokenizer file ({err.strerror})", path=path) from None
     header, body_offset = read_header(path, data)
     loader = LOADERS.get(header.type)
     if loader is None:

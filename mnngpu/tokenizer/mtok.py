@@ -117,6 +117,9 @@ def read_vocab(reader: BinaryReader, count: int, with_score: bool) -> dict[int, 
     for _ in range(count):
         token = reader.str("a vocab token")
         token_id = reader.u32("its id")
+        if token_id >= count:  # MNN files each token at its id in a table of the vocab size
+            raise reader.error(f"expected a token id below the vocab size {count}, found {token_id}",
+                               reader.offset - 4)
         entries[token_id] = (token, reader.f64("its score") if with_score else 0.0)
     return entries
 
@@ -188,10 +191,15 @@ def read_decoder(reader: BinaryReader, rules: DecodeRules) -> None:
         raise reader.error(f"expected a decoder tag 0-7, found {tag}", start)
 
 
-def read_added_tokens(reader: BinaryReader) -> list[dict]:
+def read_added_tokens(reader: BinaryReader, vocab_size: int) -> list[dict]:
+    """The added tokens; their ids extend the model's vocab at most by their own count."""
     tokens = []
-    for _ in range(reader.count("added tokens", 9)):
+    count = reader.count("added tokens", 9)
+    for _ in range(count):
         token_id, special = reader.u32("an added token id"), reader.u8("special")
+        if token_id >= vocab_size + count:
+            raise reader.error(f"expected an added token id below {vocab_size + count} (the vocab size "
+                               f"{vocab_size} plus {count} added tokens), found {token_id}", reader.offset - 5)
         lstrip, rstrip = reader.u8("lstrip"), reader.u8("rstrip")
         tokens.append(tj.added_token(token_id, reader.str("the added token"), bool(special),
                                      bool(lstrip), bool(rstrip)))
@@ -250,7 +258,7 @@ def load(path: Path, header: TokenizerHeader, data: bytes, body_offset: int) -> 
     rules = DecodeRules()
     read_decoder(reader, rules)
     reader.section = "added tokens"
-    added = read_added_tokens(reader)
+    added = read_added_tokens(reader, len(model.id_to_token))
     reader.section = "trailer"
     trailer = read_trailer(reader)
     if model.byte_level_input:
