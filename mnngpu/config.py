@@ -410,6 +410,10 @@ class LlmConfig:
             if isinstance(value, dict):
                 self._record_origins(value, source, prefix + key + ".")
 
+    def origin(self, dotted_key: str) -> str | None:
+        """The file (or set_config()) that set the key's current value; None for MNN's default."""
+        return self._origin(dotted_key)
+
     def _origin(self, dotted_key: str) -> str | None:
         while dotted_key:
             if dotted_key in self._origins:

@@ -126,6 +126,24 @@ def _linear_shape(conv: Convolution2D, name: str) -> tuple[int, int]:
     return common.outputCount, common.inputCount
 
 
+@dataclass(frozen=True)
+class _Site:
+    """Where a section's bytes come from, for messages: the weight file and offset, or the graph inline."""
+
+    path: object  # the weight file; None for bytes inline in the graph
+    field: str
+
+    def error(self, expected: str) -> ModelFormatError:
+        return ModelFormatError(f"expected {expected}", path=self.path, field=self.field)
+
+
+def _site(weights: WeightFile | None, external, skip: int, field: str) -> _Site:
+    """The site of the section `skip` bytes after the external offset (or inline, without an external list)."""
+    if external is None or weights is None:
+        return _Site(None, field)
+    return _Site(weights.path, f"{field} at offset {external[0] + skip}")
+
+
 @dataclass
 class _Sections:
     weight: np.ndarray  # raw bytes (uint8) of the weight section
@@ -168,8 +186,8 @@ def _read_float(weights, conv: Convolution2D, external, oc: int, ic: int, dtype:
         bias = None
     itemsize = np.dtype(dtype).itemsize
     if raw.size != oc * ic * itemsize:
-        raise ModelFormatError(f"{oc}x{ic} {dtype} weights ({oc * ic * itemsize} bytes), got {raw.size} bytes",
-                               field=f"{name}.weight")
+        raise _site(weights, external, 0, f"{name}.weight").error(
+            f"{oc}x{ic} {dtype} weights ({oc * ic * itemsize} bytes), got {raw.size} bytes")
     bias = _pick_bias(conv.bias, bias, oc, name)
     empty = np.zeros((oc, 0), dtype=np.float32)
     return QuantizedLinear(oc=oc, ic=ic, bits=8 * itemsize, block_size=ic, symmetric=True,
@@ -198,31 +216,32 @@ def _read_idst(weights, conv: Convolution2D, quan: IDSTQuan, external, oc: int, 
         inline_alpha = quan.alphaFp16.view("<f2") if quan.scaleStorage == "FP16" else quan.alpha
         sections = _Sections(_inline_bytes(quan.buffer, f"{name}.quanParameter.buffer"),
                              None if inline_alpha is None else inline_alpha.astype(np.float32), None)
-    where = f"{name} weight section"
+    where = _site(weights, external, 0, f"{name} weight section")
     table, stream = _parse_idst_header(sections.weight, quan.shapeInt32, oc, ic, where)
     bits, codes = _codes_from_table(table, stream, oc, ic, where)
-    scales, zeros, symmetric = _scales_and_zeros(sections.alpha, quan, oc, ic, bits, name)
+    alpha_site = _site(weights, external, sections.weight.size, f"{name} alpha")
+    scales, zeros, symmetric = _scales_and_zeros(sections.alpha, quan, oc, ic, bits, alpha_site)
     return QuantizedLinear(oc=oc, ic=ic, bits=bits, block_size=ic // scales.shape[1], symmetric=symmetric,
                            codes=codes, scales=scales, zeros=zeros,
                            bias=_pick_bias(conv.bias, sections.bias, oc, name), name=name)
 
 
-def _parse_idst_header(buf: np.ndarray, shape_int32: bool, oc: int, ic: int, where: str):
+def _parse_idst_header(buf: np.ndarray, shape_int32: bool, oc: int, ic: int, where: _Site):
     """(sorted int8 value table, uint8 code stream) of an IDST weight section."""
     def need(end: int, what: str) -> None:
         if end > buf.size:
-            raise ModelFormatError(f"{what} within the {buf.size}-byte section", field=where)
+            raise where.error(f"{what} within the {buf.size}-byte section")
 
     need(1, "the dimension count")
     ndim = int(buf[0])
     if not 1 <= ndim <= 4:
-        raise ModelFormatError(f"1 to 4 dimensions, got {ndim}", field=where)
+        raise where.error(f"1 to 4 dimensions, got {ndim}")
     dim_type = "<u4" if shape_int32 else "<u2"
     dims_end = 1 + ndim * np.dtype(dim_type).itemsize
     need(dims_end + 1, "the dims and table size")
     dims = buf[1:dims_end].view(dim_type).tolist()
     if dims[0] != oc or int(np.prod(dims)) != oc * ic:
-        raise ModelFormatError(f"dims [{oc}, {ic}] (from the graph), got {dims}", field=where)
+        raise where.error(f"dims [{oc}, {ic}] (from the graph), got {dims}")
     table_size = int(buf[dims_end]) or 256
     table_end = dims_end + 1 + table_size
     need(table_end, f"a {table_size}-entry value table")
@@ -232,7 +251,7 @@ def _parse_idst_header(buf: np.ndarray, shape_int32: bool, oc: int, ic: int, whe
     return table, buf[table_end: table_end + packed_size(oc * ic, bits)]
 
 
-def _codes_from_table(table: np.ndarray, stream: np.ndarray, oc: int, ic: int, where: str):
+def _codes_from_table(table: np.ndarray, stream: np.ndarray, oc: int, ic: int, where: _Site):
     """(bits, codes) with codes as unsigned levels, in QuantizedLinear's layout."""
     bits = max(1, (table.size - 1).bit_length())
     half = 1 << (bits - 1)
@@ -244,7 +263,7 @@ def _codes_from_table(table: np.ndarray, stream: np.ndarray, oc: int, ic: int, w
     index = unpack_codes(stream, bits, oc * ic)
     if not linear:
         if index.max(initial=0) >= table.size:
-            raise ModelFormatError(f"codes below the table size {table.size}", field=where)
+            raise where.error(f"codes below the table size {table.size}")
         values = table[index].astype(np.int16)
         if table.min() < -half or table.max() >= half:
             bits, half = 8, 128  # the table's values do not fit the index width
@@ -253,28 +272,28 @@ def _codes_from_table(table: np.ndarray, stream: np.ndarray, oc: int, ic: int, w
     return bits, pack_nibbles(codes) if bits == 4 else codes
 
 
-def _scales_and_zeros(alpha: np.ndarray | None, quan: IDSTQuan, oc: int, ic: int, bits: int, name: str):
-    field = f"{name} alpha"
+def _scales_and_zeros(alpha: np.ndarray | None, quan: IDSTQuan, oc: int, ic: int, bits: int, where: _Site):
     if alpha is None:
-        raise ModelFormatError("scales (alpha) for a quantized weight", field=field)
+        raise where.error("scales (alpha) for a quantized weight")
     symmetric = quan.readType == 0
     per_pair = 1 if symmetric else 2
     groups, rest = divmod(alpha.size, per_pair)
     if rest or groups == 0 or groups % oc or ic % (groups // oc):
-        raise ModelFormatError(f"{'one scale' if symmetric else 'a [min, scale] pair'} per (row, block) for "
-                               f"{oc} rows of {ic}, got {alpha.size} values", field=field)
+        raise where.error(f"{'one scale' if symmetric else 'a [min, scale] pair'} per (row, block) for "
+                          f"{oc} rows of {ic}, got {alpha.size} values")
     n_blocks = groups // oc
-    if symmetric:
-        scale, low = alpha.astype(np.float32), np.zeros(groups, dtype=np.float32)
-    else:
-        low, scale = alpha[0::2].astype(np.float32), alpha[1::2].astype(np.float32)
-        clamp_min = quan.aMin if quan.aMin != 0 else -128
-        if clamp_min < 0:
-            low = low - np.float32(clamp_min) * scale
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # damaged scales overflow; the check below rejects them
+        if symmetric:
+            scale, low = alpha.astype(np.float32), np.zeros(groups, dtype=np.float32)
+        else:
+            low, scale = alpha[0::2].astype(np.float32), alpha[1::2].astype(np.float32)
+            clamp_min = quan.aMin if quan.aMin != 0 else -128
+            if clamp_min < 0:
+                low = low - np.float32(clamp_min) * scale
         if not quan.has_scaleInt and quan.quantScale != 1.0:
             scale, low = scale * np.float32(quan.quantScale), low * np.float32(quan.quantScale)
         zeros = low - np.float32(1 << (bits - 1)) * scale
-    if not (np.isfinite(scale * np.float32(1 << bits)).all() and np.isfinite(zeros).all()):
-        raise ModelFormatError("finite scales and zero points (the alpha section looks damaged)", field=field)
+        finite = np.isfinite(scale * np.float32(1 << bits)).all() and np.isfinite(zeros).all()
+    if not finite:
+        raise where.error("finite scales and zero points (the alpha section looks damaged)")
     return scale.reshape(oc, n_blocks), zeros.reshape(oc, n_blocks), symmetric

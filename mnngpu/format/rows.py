@@ -85,9 +85,22 @@ def read_quantized_rows(weights: WeightFile, layout: QuantizedRows | QuantizedLi
     if layout.bits == 16:
         return packed.view("<f2").astype(np.float32)
     codes = _unpack_rows(packed, layout.bits, layout.row_length).astype(np.float32)
-    scales, zeros = _row_scales(weights, layout, rows)
     codes = codes.reshape(len(rows), layout.n_blocks, -1)
-    return (codes * scales[:, :, None] + zeros[:, :, None]).reshape(len(rows), layout.row_length)
+    with np.errstate(over="ignore", invalid="ignore"):  # damaged scales give inf/NaN; DiskEmbedding rejects those
+        scales, zeros = _row_scales(weights, layout, rows)
+        return (codes * scales[:, :, None] + zeros[:, :, None]).reshape(len(rows), layout.row_length)
+
+
+def check_table_bounds(weights: WeightFile, layout: QuantizedRows) -> None:
+    """Check, before any row is read, that the whole table and its alpha lie inside the file."""
+    if layout.n_rows < 1:
+        raise WeightFileError(f"alpha_offset {layout.alpha_offset} beyond weight_offset {layout.codes_offset} "
+                              f"by at least one {layout.row_bytes}-byte row", path=weights.path,
+                              field="tie_embeddings")
+    weights.check(layout.codes_offset, layout.n_rows * layout.row_bytes, "tie_embeddings codes")
+    if layout.bits != 16:
+        _alpha_per_row(weights, layout)
+        weights.check(layout.alpha_offset, layout.alpha_bytes, "tie_embeddings alpha")
 
 
 def _check_rows(rows: np.ndarray, n_rows: int) -> None:
@@ -105,13 +118,19 @@ def _unpack_rows(packed: np.ndarray, bits: int, row_length: int) -> np.ndarray:
     return flat.reshape(packed.shape[0], row_length)
 
 
-def _row_scales(weights: WeightFile, layout: QuantizedRows, rows: np.ndarray):
+def _alpha_per_row(weights: WeightFile, layout: QuantizedRows) -> tuple[str, int, int]:
+    """(dtype, total count, count per row) of the alpha values; one scale or one pair per block."""
     dtype = "<f2" if layout.alpha_fp16 else "<f4"
     count = layout.alpha_bytes // np.dtype(dtype).itemsize
-    per_row, rest = divmod(count, layout.n_rows) if layout.n_rows else (0, 1)
+    per_row, rest = divmod(count, layout.n_rows) if layout.n_rows > 0 else (0, 1)
     if rest or per_row not in (layout.n_blocks, 2 * layout.n_blocks):
         raise WeightFileError(f"{layout.n_blocks} scales or [min, scale] pairs per row for {layout.n_rows} rows, "
                               f"got {count} alpha values", path=weights.path, field="tie_embeddings alpha")
+    return dtype, count, per_row
+
+
+def _row_scales(weights: WeightFile, layout: QuantizedRows, rows: np.ndarray):
+    dtype, count, per_row = _alpha_per_row(weights, layout)
     alpha = weights.array(layout.alpha_offset, dtype, count, "tie_embeddings alpha")
     alpha = alpha.reshape(layout.n_rows, per_row)[rows].astype(np.float32)
     offset = np.float32(1 << (layout.bits - 1))

@@ -35,7 +35,7 @@ class WeightFile:
 
     def check(self, offset: int, length: int, what: str) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise WeightFileError(f"{length} bytes at offset {offset} inside the {self.size}-byte file",
+            raise WeightFileError(f"expected {length} bytes at offset {offset} inside the {self.size}-byte file",
                                   path=self.path, field=what)
 
     def bytes(self, offset: int, length: int, what: str) -> np.ndarray:
