@@ -23,6 +23,7 @@ from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.schedule import RuntimeManager
+from mnngpu.validate import validate_model
 
 
 class Logits(np.ndarray):
@@ -70,6 +71,7 @@ class Llm:
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
+        validate_model(cfg, self.embedding)
         from mnngpu.sampler import Sampler
 
         self._prompt = None
