@@ -1,0 +1,96 @@
+"""Make the benchmark model: a Qwen2.5-0.5B-shaped qwen2 with random weights, exported by MNN's
+real exporter (int4, block 64, tied embeddings) into bench_models/qwen2_5_0_5b_shape/.
+
+The shape is Qwen2.5-0.5B's (24 layers, hidden 896, intermediate 4864, 14 heads / 2 KV heads,
+vocab 151936, tied embeddings), so the weight file (~309 MB) and the per-token work match the
+real model; the weights are random (fixed seed), so only speed and memory mean anything.
+The tokenizer is a small byte-level BPE; the model's vocab stays 151936 regardless, and ids
+above the tokenizer's range are simply never produced by encoding.
+
+    pip install -e '.[fixtures]'
+    python tools/make_bench_model.py                  # about 3-5 minutes, ~3 GB of RAM at peak
+    python tools/make_bench_model.py --out /elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+from mnn_export import export_mnn, save_hf_tokenizer, train_bpe_tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "bench_models" / "qwen2_5_0_5b_shape"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EXPORT_ARGS = ("--quant_bit", "4", "--quant_block", "64")
+MODEL_FILES = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight")
+SEED = 0
+QWEN2_5_0_5B_SHAPE = {
+    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False,
+}
+
+
+def build_hf_model(hf_dir: Path) -> None:
+    """Random-weight Qwen2.5-0.5B-shaped model plus tokenizer, saved as a HuggingFace folder."""
+    import torch
+    import transformers
+
+    tok = train_bpe_tokenizer(corpus.sentences(3000, seed=1), vocab_size=1000, special_tokens=SPECIAL_TOKENS)
+    save_hf_tokenizer(tok, hf_dir, eos="<|im_end|>", pad="<|endoftext|>")
+    eos, pad = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    config = transformers.Qwen2Config(eos_token_id=eos, bos_token_id=pad, pad_token_id=pad,
+                                      torch_dtype="bfloat16", **QWEN2_5_0_5B_SHAPE)
+    torch.manual_seed(SEED)
+    # Built directly in bf16: an fp32 model would need 2 GB more for nothing.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = transformers.Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(hf_dir)
+
+
+def copy_model_files(export_dir: Path, out_dir: Path) -> None:
+    """Replace out_dir with the model files of an export (not the exporter's intermediates)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for path in sorted(export_dir.iterdir()):
+        if path.name in MODEL_FILES or path.name.startswith(("tokenizer", "embeddings")):
+            shutil.copy2(path, out_dir / path.name)
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Make the Qwen2.5-0.5B-shaped benchmark model.")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, export_dir = Path(tmp) / "hf", Path(tmp) / "mnn"
+        started = time.time()
+        build_hf_model(hf_dir)
+        built = time.time()
+        print(f"built the HuggingFace model in {built - started:.1f} s", flush=True)
+        export_mnn(hf_dir, export_dir, *EXPORT_ARGS)
+        print(f"exported in {time.time() - built:.1f} s", flush=True)
+        copy_model_files(export_dir, args.out)
+    for path in sorted(args.out.iterdir()):
+        print(f"  {path.name:24s} {path.stat().st_size / 1e6:10.2f} MB")
+    print(f"wrote {args.out}: {folder_size(args.out) / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
