@@ -28,6 +28,7 @@ from mnngpu.backends.opencl.ops.elementwise import (
 from mnngpu.backends.opencl.ops.matmul import LinearExecution, pack_linear
 from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecution, ViewExecution
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
+from mnngpu.backends.opencl.ops.rope import RoPEExecution
 
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.errors import ConfigError
@@ -45,7 +46,7 @@ class OpenCLBackend(Backend):
                   "StridedSlice": GatherCopyExecution, "GatherV2": GatherCopyExecution, "Gather": GatherCopyExecution,
                   "Concat": ConcatExecution, "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
                   "Cast": CastExecution, "LayerNorm": LayerNormExecution, "Convolution": LinearExecution,
-                  "Attention": AttentionExecution}
+                  "Attention": AttentionExecution, "RoPE": RoPEExecution}
 
     def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
                  half_storage: bool | None = None):

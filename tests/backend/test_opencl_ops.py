@@ -313,6 +313,40 @@ def test_int_binary_op_is_left_to_the_cpu(backend):
     assert backend.onCreate([a, a], [out], binary_node("ADD")) is None
 
 
+def fused_rope() -> Node:
+    """runtime/fusion.py's RoPE node, fused from the rotate-half ops as an export writes them."""
+    from mnngpu.runtime.fusion import fuse
+    from mnngpu.runtime.pipeline import GraphOp
+
+    def op(node_type, param, inputs, output):
+        return GraphOp(Node(node_type, f"{node_type}{output}", param), inputs, [output])
+
+    onnx_slice = SimpleNamespace(fromType=1)
+    ops = [op("StridedSlice", onnx_slice, [0, 3, 4, 5, 6], 11), op("StridedSlice", onnx_slice, [0, 7, 8, 5, 6], 12),
+           op("UnaryOp", SimpleNamespace(opType="NEG"), [11], 13), op("Concat", SimpleNamespace(axis=-1), [13, 12], 14),
+           op("BinaryOp", SimpleNamespace(opType="MUL"), [14, 2], 15),
+           op("BinaryOp", SimpleNamespace(opType="MUL"), [0, 1], 16),
+           op("BinaryOp", SimpleNamespace(opType="ADD"), [16, 15], 17)]
+    (fused,) = fuse(ops, {"RoPE"}, {17})
+    assert fused.node.type == "RoPE"
+    return fused.node
+
+
+@pytest.mark.parametrize("shared_rows", [True, False])
+def test_fused_rope(backend, shared_rows):
+    """One kernel when cos/sin are one row per position; else the ops as exported, each on the device."""
+    seq, heads, dim, split = 3, 4, 8, 4
+    x = halfable(rng.standard_normal((1, seq, heads, dim)))
+    row_shape = (1, seq, 1, dim) if shared_rows else (1, seq, heads, dim)
+    cos, sin = (halfable(rng.uniform(-1, 1, row_shape)) for _ in range(2))
+    hi, lo = [[split], [dim], [-1], [1]], [[0], [split], [-1], [1]]  # starts, ends, axes, steps
+    node = fused_rope()
+    (y,) = run(backend, node, [x, cos, sin, *(Host(np.array(b, dtype=np.int32)) for b in hi + lo)])
+    assert (node.param.inputs[3:], len(node.param.ops)) == ([3, 4, 5, 6, 7, 8, 5, 6], 7)
+    rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
+    close(backend, y, x.astype(np.float64) * cos + rotated * sin.astype(np.float64))
+
+
 # ---- data movement ---------------------------------------------------------------------------------------------
 
 def test_onnx_slice_with_negative_step(backend):

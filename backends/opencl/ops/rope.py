@@ -1,0 +1,62 @@
+"""The fused rotary embedding (runtime/fusion.py's "RoPE" node) in one kernel instead of seven ops.
+
+x (1, seq, heads, dim); cos and sin hold one row of `dim` per position, shared by the heads.
+When the node's slices are not the rotate-half split of the last axis, or cos/sin are laid out
+otherwise, its original ops run as exported, each as this backend's own Execution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backend import Tensor
+from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.runtime import shapes
+from mnngpu.runtime.fusion import rope_split
+
+
+def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
+    x, cos, sin = inputs[:3]
+    if len(x.shape) != 4 or x.shape[0] != 1:
+        return None
+    row = (1, x.shape[1], 1, x.shape[3])
+    if any(t.shape not in (row, row[1:]) for t in (cos, sin)):
+        return None
+    return rope_split(node, inputs)
+
+
+class RoPEExecution(KernelExecution):
+    def onResize(self, inputs, outputs):  # noqa: N802
+        self.launches, self.as_exported = [], []
+        split = rotate_half_split(self.node, inputs)
+        if split is None:
+            self._plan_as_exported(inputs, outputs)
+            return
+        x, out = inputs[0], outputs[0]
+        _, _, heads, dim = x.shape
+        backend = self.backend
+        args = [backend.buffer(out), *(backend.buffer(t) for t in inputs[:3]), np.int32(heads), np.int32(dim),
+                np.int32(split), np.int32(out.size)]
+        self.prepare("rope.cl", "rope_rotate_half", args, (out.size,))
+
+    def _plan_as_exported(self, inputs, outputs) -> None:
+        p = self.node.param
+        env: dict[int, Tensor] = dict(zip(p.inputs, inputs))
+        for op in p.ops:
+            op_inputs = [env[t] for t in op.inputs]
+            if op.outputs[0] == p.output:
+                op_outputs = outputs
+            else:
+                op_outputs = [Tensor(tuple(shape), np.dtype(dtype), name=op.node.name)
+                              for shape, dtype in shapes.infer(op.node, op_inputs)]
+            execution = self.backend.onCreate(op_inputs, op_outputs, op.node)
+            if execution is None:
+                raise NotImplementedError(f"RoPE's {op.node.type} {op.node.name} declined by the OpenCL backend")
+            execution.onResize(op_inputs, op_outputs)
+            self.as_exported.append((execution, op_inputs, op_outputs))
+            env.update(zip(op.outputs, op_outputs))
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        for execution, op_inputs, op_outputs in self.as_exported:
+            execution.onExecute(op_inputs, op_outputs)
+        super().onExecute(inputs, outputs)
