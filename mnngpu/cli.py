@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _warning_line
         try:
             args = build_parser().parse_args(argv)
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
+            return code
         except MnnGpuError as exc:
             if debug:
                 raise
