@@ -63,6 +63,7 @@ class CPUBackend(Backend):
         numba.set_num_threads(threads)
         set_blas_threads(1)
         self.workers = WorkerPool(threads)
+        self.quantize_activations = config.precision == "low"   # decode GEMV on int16 x (ops/linear_kernels.py)
         self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
         self._recorded: list = []
         self._scratch: dict[tuple[str, int], np.ndarray] = {}

@@ -11,22 +11,35 @@ so one byte needs a float conversion, a floor and two fused multiply-adds, all 3
 (numba widens integer shifts and masks to 64 bits, which halves the vector width).
     y[o] = sum_b scale*dot_b + (k*scale + min) * sum(x in block b)
 Indices are unsigned so that numba emits no negative-index wraparound in the inner loops.
+
+precision low: x is quantized to int16 per chunk of 64 (step max|x|/32767, far finer than the
+int4 weights) and each chunk's dot is four int16 dot-product instructions (intrinsics.dot_u4_s16).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numba
 import numpy as np
 from numba import prange
+from numba.core.errors import NumbaPerformanceWarning
 
-from mnngpu.backends.cpu.ops.intrinsics import prefetch
+from mnngpu.backends.cpu.ops.intrinsics import dot_u4_s16, prefetch
 
 SIXTEENTH = np.float32(0.0625)
 HALF_64 = 32                  # bytes per int4 block of 64, the exporter's default block
+QUANT_CHUNK = 64              # activations per int16 step (one dot_u4_s16)
+QUANT_LEVELS = np.float32(32767.0)
 PREFETCH_BYTES = 2048         # how far ahead of the row being read the codes are prefetched
 PREFETCH_ALPHA_ROWS = 8
 
 _KERNEL = dict(fastmath=True, cache=True, nogil=True)
+# The one-thread GEMVs are compiled with parallel=True too, though they have no prange: numba's
+# parallel pipeline makes this row code twice as fast (measured), for no launch cost.
+_SERIAL_GEMV = dict(parallel=True, **_KERNEL)
+warnings.filterwarnings("ignore", message="(?s).*no transformation for parallel execution was possible",
+                        category=NumbaPerformanceWarning)
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -67,10 +80,31 @@ def _dot(codes, alpha, k, o, x, xd, xo, xsum, nibbles, width):
 
 
 @numba.njit(inline="always", **_KERNEL)
-def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block):
+def _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block):
+    """One int4 row times x quantized to int16 (xq, xscale per chunk of QUANT_CHUNK)."""
+    row_bytes = codes.strides[0]
+    chunks = block // QUANT_CHUNK
+    acc = np.float32(0.0)
+    const = np.float32(0.0)
+    for b in range(xsum.size):
+        dot = np.float32(0.0)
+        for c in range(b * chunks, (b + 1) * chunks):
+            offset = o * row_bytes + c * (QUANT_CHUNK // 2)
+            prefetch(codes, offset + PREFETCH_BYTES)
+            dot += xscale[c] * np.float32(dot_u4_s16(codes, offset, xq, c * QUANT_CHUNK))
+        scale = alpha[o, b, 1]
+        acc += scale * dot
+        const += (k * scale + alpha[o, b, 0]) * xsum[b]
+    return acc + const
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block, xq, xscale):
     if o + PREFETCH_ALPHA_ROWS < alpha.shape[0]:
         prefetch(alpha, (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0])
         prefetch(alpha, (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0] + 64)
+    if xq.size:
+        return _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block)
     if not nibbles:
         return _dot(codes, alpha, k, o, x, xd, xo, xsum, False, block)
     if block == 2 * HALF_64:   # the common block: a constant trip count vectorizes fully
@@ -79,46 +113,93 @@ def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block):
 
 
 @numba.njit(**_KERNEL)
-def prepare_x(x, block, nibbles, xd, xo, xsum):
-    """Block sums of x, and for int4 its even/odd split as (xe - 16*xo, xo)."""
+def prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale):
+    """Block sums of x; for int4 its even/odd split as (xe - 16*xo, xo); when xq is not empty,
+    x as int16 per chunk of 64: xq [even 32 | odd 32] per chunk, xscale the chunk's step."""
     for b in range(xsum.size):
         xsum[b] = x[b * block:(b + 1) * block].sum()
-    if nibbles:
+    if xq.size:
+        for c in range(xscale.size):
+            chunk = x[c * QUANT_CHUNK:(c + 1) * QUANT_CHUNK]
+            peak = np.abs(chunk).max()
+            step = peak / QUANT_LEVELS if peak > 0 else np.float32(1.0)
+            xscale[c] = step
+            inverse = np.float32(1.0) / step
+            half = QUANT_CHUNK // 2
+            for j in range(half):
+                xq[c * QUANT_CHUNK + j] = np.int16(np.rint(chunk[2 * j] * inverse))
+                xq[c * QUANT_CHUNK + half + j] = np.int16(np.rint(chunk[2 * j + 1] * inverse))
+    elif nibbles:
         for i in range(xd.size):
             xd[i] = x[2 * i] - np.float32(16.0) * x[2 * i + 1]
             xo[i] = x[2 * i + 1]
 
 
-@numba.njit(parallel=True, **_KERNEL)
-def gemv_group(codes_t, alpha_t, k_t, bias_t, add_t, ends, x, nibbles, block, xd, xo, xsum, out_t):
-    """Several matrices with the same input x, output rows split over the threads in one launch:
-    out_t[m][r] = W_m[r] . x + bias_m[r] + add_m[r] (bias/add skipped when empty)."""
-    prepare_x(x, block, nibbles, xd, xo, xsum)
-    for g in prange(ends[-1]):
-        m = 0
-        while g >= ends[m]:
-            m += 1
-        r = g - (ends[m - 1] if m > 0 else 0)
-        value = _row(codes_t[m], alpha_t[m], k_t[m], r, x, xd, xo, xsum, nibbles, block)
-        if bias_t[m].size:
-            value += bias_t[m][r]
-        if add_t[m].size:
-            value += add_t[m][r]
-        out_t[m][r] = value
+@numba.njit(inline="always", **_KERNEL)
+def _group_span(item, codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t):
+    """Rows spans[item, 1] <= r < spans[item, 2] of member spans[item, 0]."""
+    m = spans[item, 0]
+    codes, alpha, k, bias, out = codes_t[m], alpha_t[m], k_t[m], bias_t[m], out_t[m]
+    for r in range(spans[item, 1], spans[item, 2]):
+        value = _row(codes, alpha, k, r, x, xd, xo, xsum, nibbles, block, xq, xscale)
+        out[r] = value + bias[r] if bias.size else value
 
 
 @numba.njit(parallel=True, **_KERNEL)
-def gemv_gated(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, out):
-    """out[r] = up[r] * silu(gate[r]) with (gate, up) = matrices 0 and 1: MNN's MUL_SILU(up, gate)."""
-    prepare_x(x, block, nibbles, xd, xo, xsum)
-    for r in prange(out.size):
-        gate = _row(codes_t[0], alpha_t[0], k_t[0], r, x, xd, xo, xsum, nibbles, block)
-        up = _row(codes_t[1], alpha_t[1], k_t[1], r, x, xd, xo, xsum, nibbles, block)
-        if bias_t[0].size:
-            gate += bias_t[0][r]
+def gemv_group(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t):
+    """Several matrices with the same input x in one launch, out_t[m] = W_m . x + bias_m, the work
+    split into spans of rows (member, first, end) over the threads."""
+    prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale)
+    for item in prange(spans.shape[0]):
+        _group_span(item, codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t)
+
+
+@numba.njit(**_SERIAL_GEMV)
+def gemv_group_serial(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t):
+    """gemv_group on the calling thread: for matrices too small to repay a parallel launch."""
+    prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale)
+    for item in range(spans.shape[0]):
+        _group_span(item, codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t)
+
+
+def row_spans(rows: list[int], per_span: int = 64) -> np.ndarray:
+    """int64 [n, 3] (member, first row, end row) covering every member's rows, per_span at a time."""
+    return np.array([(m, start, min(count, start + per_span)) for m, count in enumerate(rows)
+                     for start in range(0, count, per_span)], dtype=np.int64).reshape(-1, 3)
+
+
+GATED_SPAN = 64   # rows of gate, then the same rows of up: one stream at a time
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _gated_span(start, codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
+    stop = min(out.size, start + GATED_SPAN)
+    for r in range(start, stop):
+        gate = _row(codes_t[0], alpha_t[0], k_t[0], r, x, xd, xo, xsum, nibbles, block, xq, xscale)
+        out[r] = gate + bias_t[0][r] if bias_t[0].size else gate
+    for r in range(start, stop):
+        up = _row(codes_t[1], alpha_t[1], k_t[1], r, x, xd, xo, xsum, nibbles, block, xq, xscale)
         if bias_t[1].size:
             up += bias_t[1][r]
+        gate = out[r]
         out[r] = up * gate / (np.float32(1.0) + np.exp(-gate))
+
+
+@numba.njit(parallel=True, **_KERNEL)
+def gemv_gated(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
+    """out[r] = up[r] * silu(gate[r]) with (gate, up) = matrices 0 and 1: MNN's MUL_SILU(up, gate)."""
+    prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale)
+    for span in prange((out.size + GATED_SPAN - 1) // GATED_SPAN):
+        _gated_span(span * GATED_SPAN, codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale,
+                    out)
+
+
+@numba.njit(**_SERIAL_GEMV)
+def gemv_gated_serial(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
+    prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale)
+    for span in range((out.size + GATED_SPAN - 1) // GATED_SPAN):
+        _gated_span(span * GATED_SPAN, codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale,
+                    out)
 
 
 @numba.njit(**_KERNEL)

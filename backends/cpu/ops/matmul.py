@@ -6,7 +6,8 @@ codes are views of the memory-mapped file, and so is alpha when the file stores 
 from the decoded scales and zeros (small models, symmetric or fp16-alpha exports).
 
 * Decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup (q/k/v)
-  in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
+  in one parallel launch; GatedLinear fuses gate, up and MUL_SILU. At precision low the
+  activation is quantized to int16 per 64 values and int4 blocks use an integer dot product.
 * Prefill (PREFILL_ROWS rows or more): tiles of output rows are dequantized into a per-thread
   float32 buffer and multiplied with numpy's BLAS (one BLAS thread per worker), so no float copy
   of a whole weight ever exists.
@@ -23,6 +24,7 @@ from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
+PARALLEL_BYTES = 1 << 20   # weights below this size run their GEMV on one thread (no launch cost)
 EMPTY = np.zeros(0, dtype=np.float32)
 
 
@@ -118,7 +120,14 @@ class CPULinear(CPUExecution):
             self.xd = np.empty(first.ic // 2, dtype=np.float32)
             self.xo = np.empty(first.ic // 2, dtype=np.float32)
             self.xsum = np.empty(first.ic // first.block, dtype=np.float32)
+            quantized = (self.backend.quantize_activations and first.nibbles
+                         and first.block % kernels.QUANT_CHUNK == 0)
+            self.xq = np.empty(first.ic if quantized else 0, dtype=np.int16)
+            self.xscale = np.empty(first.ic // kernels.QUANT_CHUNK if quantized else 0, dtype=np.float32)
             self.gemv_calls = [self._gemv_args(row) for row in range(self.rows)]
+            # big matrices are split over the threads; small ones run faster without the hand-off
+            weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
+            self.kernel = self.gemv_kernels[0] if weight_bytes >= PARALLEL_BYTES else self.gemv_kernels[1]
 
     def _matrices(self) -> tuple:
         return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
@@ -126,11 +135,11 @@ class CPULinear(CPUExecution):
 
     def _gemv_args(self, row: int) -> tuple:
         first = self.weights[0]
-        ends = np.cumsum([w.oc for w in self.weights])
-        return (*self._matrices(), tuple(EMPTY for _ in self.weights), ends, self.x[row], first.nibbles,
-                first.block, self.xd, self.xo, self.xsum, tuple(out[row] for out in self.outs))
+        spans = kernels.row_spans([w.oc for w in self.weights])
+        return (*self._matrices(), spans, self.x[row], first.nibbles, first.block, self.xd, self.xo, self.xsum,
+                self.xq, self.xscale, tuple(out[row] for out in self.outs))
 
-    kernel = staticmethod(kernels.gemv_group)
+    gemv_kernels = (kernels.gemv_group, kernels.gemv_group_serial)   # (parallel, serial)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if not self.gemv_calls:
@@ -156,7 +165,7 @@ class CPULinear(CPUExecution):
 class CPUGatedLinear(CPULinear):
     """GatedLinear: out = up(x) * silu(gate(x)), members [gate, up]."""
 
-    kernel = staticmethod(kernels.gemv_gated)
+    gemv_kernels = (kernels.gemv_gated, kernels.gemv_gated_serial)
 
     def bind(self):
         self.out = self.outputs[0].device.reshape(self.rows, -1)
@@ -165,7 +174,7 @@ class CPUGatedLinear(CPULinear):
     def _gemv_args(self, row: int) -> tuple:
         first = self.weights[0]
         return (*self._matrices(), self.x[row], first.nibbles, first.block, self.xd, self.xo, self.xsum,
-                self.out[row])
+                self.xq, self.xscale, self.out[row])
 
     def _prefill(self) -> None:
         gate, up = self.weights

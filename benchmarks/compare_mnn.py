@@ -1,0 +1,179 @@
+"""mnngpu against MNN's own runtime (`MNN.llm`) on one model folder, side by side.
+
+    python benchmarks/compare_mnn.py bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
+
+Each measurement runs in a fresh process, the engines alternating (mnngpu, MNN, mnngpu, MNN, ...),
+so that neither gets a warmer page cache or a quieter machine. A process loads the model with the
+folder's own settings (plus thread_num), warms up once (for mnngpu: loads the compiled kernels from
+numba's cache), then times a prefill of `--prompt` tokens and `--decode` greedy decode steps after
+it, both through `forward()` with an argmax in Python, the same work for both engines. It reports
+load time, prefill and decode tok/s, peak RSS after load and at the end, and the ratios mnngpu/MNN.
+Decode GB/s is the weight file's size times decode tok/s, next to the machine's read bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ENGINES = ("mnngpu", "mnn")
+BENCH_TOKEN = 16
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---- one measurement, in its own process -----------------------------------------------------
+
+def _load(engine: str, model_dir: Path, threads: int):
+    if engine == "mnn":
+        import MNN.llm as mnn_llm
+
+        llm = mnn_llm.create(str(model_dir / "config.json"))
+        llm.set_config({"thread_num": threads})
+    else:
+        from mnngpu import llm as mnngpu_llm
+
+        llm = mnngpu_llm.create(model_dir)
+        llm.set_config({"thread_num": threads})
+    llm.load()
+    return llm
+
+
+def _last_logits(logits):
+    import numpy as np
+
+    values = np.asarray(logits.read() if hasattr(logits, "read") else logits, dtype=np.float32)
+    return values.reshape(-1, values.shape[-1])[-1]
+
+
+def _prefill_then_decode(llm, prompt: int, decode: int) -> tuple[float, float]:
+    import numpy as np
+
+    llm.reset()
+    start = time.perf_counter()
+    token = int(np.argmax(_last_logits(llm.forward([BENCH_TOKEN] * prompt))))
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(decode):
+        token = int(np.argmax(_last_logits(llm.forward([token]))))
+    return prefill_s, time.perf_counter() - start
+
+
+def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int) -> dict:
+    start = time.perf_counter()
+    llm = _load(engine, model_dir, threads)
+    load_s = time.perf_counter() - start
+    rss_load = peak_rss_mb()
+    _prefill_then_decode(llm, min(prompt, 16), 2)   # warm-up: lazy kernel loading, first touches
+    prefill_s, decode_s = _prefill_then_decode(llm, prompt, decode)
+    return {"engine": engine, "load_s": load_s, "prefill_tok_s": prompt / prefill_s,
+            "decode_tok_s": decode / decode_s if decode else 0.0, "rss_load_mb": rss_load,
+            "rss_peak_mb": peak_rss_mb()}
+
+
+# ---- the machine's read bandwidth ---------------------------------------------------------------
+
+def read_bandwidth_gbs(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """Best GB/s of summing a large float32 array split over `threads` threads (numpy frees the GIL)."""
+    import numpy as np
+
+    data = np.ones(megabytes * (1 << 20) // 4, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=part.sum) for part in parts]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+def run_worker(engine: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(Path(__file__).resolve()), str(args.model_dir), "--worker", engine,
+                   "--threads", str(args.threads), "--prompt", str(args.prompt), "--decode", str(args.decode),
+                   "--json-out", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"{engine} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def _summary(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:9.2f} ± {std:6.2f}"
+
+
+METRICS = [("decode_tok_s", "decode tok/s", True), ("prefill_tok_s", "prefill tok/s", True),
+           ("load_s", "load s", False), ("rss_load_mb", "peak RSS after load (MB)", False),
+           ("rss_peak_mb", "peak RSS (MB)", False)]
+
+
+def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: float | None) -> str:
+    lines = [f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
+             f"rounds {args.rounds}", ""]
+    lines.append(f"| {'metric':26s} | {'mnngpu':>18s} | {'MNN':>18s} | {'mnngpu / MNN':>12s} |")
+    lines.append(f"| {'-' * 26} | {'-' * 17}: | {'-' * 17}: | {'-' * 11}: |")
+    for key, label, higher_is_better in METRICS:
+        ours = [r[key] for r in results["mnngpu"]]
+        theirs = [r[key] for r in results["mnn"]]
+        ratio = statistics.fmean(ours) / statistics.fmean(theirs)
+        lines.append(f"| {label:26s} | {_summary(ours):>18s} | {_summary(theirs):>18s} | {ratio:11.2f}x |")
+    lines.append("")
+    for engine in ENGINES:
+        gbs = statistics.fmean(r["decode_tok_s"] for r in results[engine]) * weight_bytes / 1e9
+        against = f" of {bandwidth:.1f} GB/s measured read bandwidth ({gbs / bandwidth:.0%})" if bandwidth else ""
+        lines.append(f"{engine} decode streams {gbs:.1f} GB/s of weights{against}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--decode", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3, help="processes per engine, alternating")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the read-bandwidth measurement")
+    parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        result = measure(args.worker, args.model_dir, args.threads, args.prompt, args.decode)
+        args.json_out.write_text(json.dumps(result))
+        return
+    results: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
+    for round_index in range(args.rounds):
+        for engine in ENGINES:
+            result = run_worker(engine, args)
+            results[engine].append(result)
+            print(f"round {round_index + 1} {engine:7s} decode {result['decode_tok_s']:7.2f} tok/s  "
+                  f"prefill {result['prefill_tok_s']:7.2f} tok/s  load {result['load_s']:5.2f} s  "
+                  f"peak RSS {result['rss_peak_mb']:6.0f} MB", flush=True)
+    bandwidth = None if args.no_bandwidth else read_bandwidth_gbs(args.threads)
+    weight_bytes = os.path.getsize(args.model_dir / "llm.mnn.weight")
+    print()
+    print(report(results, args, weight_bytes, bandwidth))
+
+
+if __name__ == "__main__":
+    main()
