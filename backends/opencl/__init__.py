@@ -4,9 +4,10 @@ Fixed-shape (MNN's shapeMutable=false): each pool module is resized once, its ke
 their buffers and shapes bound then, and every step replays the same kernel list. The KV
 cache lives on the device; per step only the graph inputs go up and the logits come down.
 
-A tensor's `device` is a pyopencl Buffer, created on first use (`buffer`), so views can share
-their input's buffer instead. Float tensors are stored as fp32, or as fp16 under
-precision low/normal where the device has cl_khr_fp16; int32 tensors as int32.
+A tensor's `device` is a pyopencl Buffer, planned at the end of each resize (memory.py):
+activations share a pool by lifetime, and views share their input's buffer. Float tensors are
+stored as fp32, or as fp16 under precision low/normal where the device has cl_khr_fp16; int32
+tensors as int32.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from typing import ClassVar
 
 import numpy as np
 import pyopencl as cl
+
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backends.opencl import memory
 from mnngpu.backends.opencl.device import VARIANTS, log, log_once, shared_device
+from mnngpu.backends.opencl.memory import RecordedStep
 from mnngpu.backends.opencl.ops.attention import AttentionExecution, DeviceKVCache
 from mnngpu.backends.opencl.ops.elementwise import (
     BINARY_OPS,
@@ -29,8 +34,6 @@ from mnngpu.backends.opencl.ops.matmul import LinearExecution, pack_linear
 from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecution, ViewExecution
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.opencl.ops.rope import RoPEExecution
-
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.errors import ConfigError
 from mnngpu.runtime.module_pool import PREFILL_LEN
 
@@ -67,6 +70,9 @@ class OpenCLBackend(Backend):
         self.placeholder = self.device.buffer(4)  # bound where a kernel's optional buffer is absent
         self._kv_length: int | None = None
         self._in_flight: list[np.ndarray] = []   # host arrays of non-blocking uploads, kept until finish()
+        self.pool = memory.BufferPool(self.device.buffer)   # activations, shared by the pipelines
+        self._recorded: list[RecordedStep] | None = None
+        self._pinned: set[int] = set()           # id()s of tensors another backend copies out
         log.info("OpenCL on %s, %s kernels, %s storage", self.device.name, self.variant, self.float_storage.name)
 
     def _half_storage(self, config: BackendConfig) -> bool:
@@ -81,6 +87,7 @@ class OpenCLBackend(Backend):
     # ---- ops ----------------------------------------------------------------------------------
     def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node):
         if not self._supports(inputs, outputs, node):
+            self._pinned.update(id(t) for t in inputs)  # the CPU backup will copy them out
             return None
         return super().onCreate(inputs, outputs, node)
 
@@ -123,6 +130,22 @@ class OpenCLBackend(Backend):
             self._write(self.kv_length_buffer, np.array([length], dtype=np.int32))
             self._kv_length = length
 
+    # ---- resize: record, then plan the buffers and bind ---------------------------------------
+    def onResizeBegin(self) -> None:
+        self._recorded = []
+
+    def record(self, execution, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        """An execution planned at onResize; bound once every tensor has its buffer."""
+        step = RecordedStep(execution, inputs, outputs)
+        if self._recorded is None:  # resized on its own, outside a Pipeline's resize
+            memory.plan([step], self.pool, self.nbytes, self._own_buffer, self._pinned)
+        else:
+            self._recorded.append(step)
+
+    def onResizeEnd(self) -> None:
+        memory.plan(self._recorded, self.pool, self.nbytes, self._own_buffer, self._pinned)
+        self._recorded = None
+
     # ---- memory -----------------------------------------------------------------------------------
     def itemsize_of(self, dtype) -> int:
         return self.float_storage.itemsize if np.dtype(dtype) == FLOAT else np.dtype(dtype).itemsize
@@ -133,12 +156,19 @@ class OpenCLBackend(Backend):
     def storage_dtype(self, tensor: Tensor) -> np.dtype:
         return self.float_storage if np.dtype(tensor.dtype) == FLOAT else np.dtype(tensor.dtype)
 
+    def nbytes(self, tensor: Tensor) -> int:
+        return tensor.size * self.itemsize(tensor)
+
     def alloc(self, tensor: Tensor) -> None:
-        """Buffers are made on first use (`buffer`), so a view can take its input's instead."""
+        """Buffers are planned together at onResizeEnd (memory.py); nothing to reserve one by one."""
+
+    def _own_buffer(self, tensor: Tensor) -> cl.Buffer:
+        return self.device.buffer(self.nbytes(tensor))
 
     def buffer(self, tensor: Tensor) -> cl.Buffer:
+        """The tensor's buffer; one of its own when it has none yet (a graph input, a constant)."""
         if tensor.device is None:
-            tensor.device = self.device.buffer(tensor.size * self.itemsize(tensor))
+            tensor.device = self._own_buffer(tensor)
         return tensor.device
 
     def or_placeholder(self, buffer: cl.Buffer | None) -> cl.Buffer:

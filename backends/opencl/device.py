@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyopencl as cl
-from mnngpu.shaders import shader_path
 
 from mnngpu.errors import BackendUnavailableError
+from mnngpu.shaders import shader_path
 
 log = logging.getLogger("mnngpu.opencl")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyopencl as cl
+
 from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
@@ -65,8 +66,7 @@ class DeviceKVCache:
 
 
 class AttentionExecution(KernelExecution):
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         _, seq, heads, dim = inputs[0].shape
         kv_heads = inputs[1].shape[2]
         backend = self.backend
@@ -77,10 +77,10 @@ class AttentionExecution(KernelExecution):
         cache, kv_length = self.cache, backend.kv_length_buffer
         n = seq * kv_heads * dim
         self.append = self.prepare(
-            "attention.cl", "kv_append", [cache.k, cache.v, backend.buffer(inputs[1]), backend.buffer(inputs[2]),
-                                          kv_length, np.int32(kv_heads), np.int32(cache.capacity), np.int32(n)],
+            "attention.cl", "kv_append", [cache.k, cache.v, inputs[1], inputs[2], kv_length, np.int32(kv_heads),
+                                          np.int32(cache.capacity), np.int32(n)],
             (n,), defines=defines)
-        args = [backend.buffer(outputs[0]), backend.buffer(inputs[0]), cache.k, cache.v, kv_length, np.int32(seq),
+        args = [outputs[0], inputs[0], cache.k, cache.v, kv_length, np.int32(seq),
                 np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale)]
         if backend.variant == "cpu" and dim % 4 == 0:
             self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), (1, 1), defines)
@@ -91,10 +91,10 @@ class AttentionExecution(KernelExecution):
 
     def _bind_cache(self) -> None:
         cache = self.cache
-        for kernel, (k_arg, v_arg, capacity_arg) in ((self.append, (0, 1, 6)), (self.attend, (2, 3, 8))):
-            kernel.set_arg(k_arg, cache.k)
-            kernel.set_arg(v_arg, cache.v)
-            kernel.set_arg(capacity_arg, np.int32(cache.capacity))
+        for launch, (k_arg, v_arg, capacity_arg) in ((self.append, (0, 1, 6)), (self.attend, (2, 3, 8))):
+            launch.args[k_arg], launch.args[v_arg] = cache.k, cache.v
+            launch.args[capacity_arg] = np.int32(cache.capacity)
+        self.bind()
         self.bound_version = cache.version
 
     def onExecute(self, inputs, outputs):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+
 from mnngpu.backends.opencl.ops.launch import KernelExecution
 from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, index_stand_in, int8_vector
-from mnngpu.backends.opencl.ops.movement import ViewExecution
-
 from mnngpu.errors import ModelFormatError
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
@@ -25,11 +24,10 @@ def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> lis
 
 
 class BinaryExecution(KernelExecution):
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         a, b, out = inputs[0], inputs[1], outputs[0]
         op = self.node.param.opType
-        buffers = [self.backend.buffer(out), self.backend.buffer(a), self.backend.buffer(b), np.int32(out.size)]
+        buffers = [out, a, b, np.int32(out.size)]
         if a.shape == b.shape == out.shape:
             self.prepare("elementwise.cl", f"binary_flat_{op}", buffers, (out.size,))
             return
@@ -43,22 +41,19 @@ class BinaryExecution(KernelExecution):
 
 
 class UnaryExecution(KernelExecution):
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         out = outputs[0]
-        args = [self.backend.buffer(out), self.backend.buffer(inputs[0]), np.int32(out.size)]
+        args = [out, inputs[0], np.int32(out.size)]
         self.prepare("elementwise.cl", f"unary_{self.node.param.opType}", args, (out.size,))
 
 
 class CastExecution(KernelExecution):
     """int32 <-> float32; a cast to the same type is a view."""
 
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         x, out = inputs[0], outputs[0]
         if np.dtype(x.dtype) == np.dtype(out.dtype):
-            ViewExecution.onResize(self, inputs, outputs)
+            self.view_of = 0
             return
         name = "cast_int_to_float" if np.issubdtype(out.dtype, np.floating) else "cast_float_to_int"
-        self.prepare("elementwise.cl", name, [self.backend.buffer(out), self.backend.buffer(x), np.int32(out.size)],
-                     (out.size,))
+        self.prepare("elementwise.cl", name, [out, x, np.int32(out.size)], (out.size,))

@@ -1,6 +1,11 @@
-"""KernelExecution: an Execution that prepares its kernels once, at onResize, and only
-enqueues them at onExecute. The kernels' arguments (buffers, shapes) are bound at onResize,
-so replaying a step costs one enqueue per kernel and no planning."""
+"""KernelExecution: an Execution that prepares its kernels at onResize and only enqueues them at
+onExecute.
+
+At onResize (`plan`) an execution creates its kernels and lists their arguments, naming tensors
+rather than buffers; the backend records it. At the end of the resize the backend gives every
+tensor a buffer (memory.py) and calls `bind`, which sets the kernels' arguments once. Replaying
+a step then costs one enqueue per kernel and no planning.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ from dataclasses import dataclass
 
 import pyopencl as cl
 
-from mnngpu.backend import Execution
+from mnngpu.backend import Execution, Tensor
 
 
 @dataclass
 class Launch:
     kernel: cl.Kernel
+    args: list                   # scalars, buffers, and Tensors (bound to their buffers in `bind`)
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
 
@@ -28,19 +34,33 @@ def _round_up(size: tuple[int, ...], local: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class KernelExecution(Execution):
+    view_of: int | None = None   # set when output 0 is a view of inputs[view_of] (no kernels)
+
     def __init__(self, backend, node):
         super().__init__(backend, node)
         self.launches: list[Launch] = []
 
+    def onResize(self, inputs, outputs):
+        self.launches = []
+        self.plan(inputs, outputs)
+        self.backend.record(self, inputs, outputs)
+
+    def plan(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        """Shape-dependent setup: `prepare` each kernel."""
+
     def prepare(self, source: str, name: str, args: list, global_size: tuple[int, ...],
-                local_size: tuple[int, ...] = FLAT_GROUP, defines: dict | None = None) -> cl.Kernel:
-        """Bind `args` to a new instance of kernel `name` from shaders/opencl/<source> and queue
-        it for every onExecute. Kernels guard their own tails, so the global size is rounded up
-        to the local size."""
+                local_size: tuple[int, ...] = FLAT_GROUP, defines: dict | None = None) -> Launch:
+        """Queue kernel `name` of shaders/opencl/<source> for every onExecute, with `args` bound
+        at `bind`. Kernels guard their own tails, so the global size is rounded up to the local."""
         kernel = self.backend.kernel(source, name, defines or {})
-        kernel.set_args(*args)
-        self.launches.append(Launch(kernel, _round_up(global_size, local_size), local_size))
-        return kernel
+        launch = Launch(kernel, args, _round_up(global_size, local_size), local_size)
+        self.launches.append(launch)
+        return launch
+
+    def bind(self) -> None:
+        """Every tensor has its buffer now: set the kernels' arguments."""
+        for launch in self.launches:
+            launch.kernel.set_args(*(a.device if isinstance(a, Tensor) else a for a in launch.args))
 
     def onExecute(self, inputs, outputs):
         queue = self.backend.queue

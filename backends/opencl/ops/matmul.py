@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyopencl as cl
+
 from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 ROWS = TOKENS = 4   # outputs and rows of x per work-item in linear_rows_*
@@ -65,12 +66,11 @@ def pack_linear(backend, weight) -> DeviceLinear:
 
 
 class LinearExecution(KernelExecution):
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         w: DeviceLinear = self.node.weights["opencl"]
         n = inputs[0].size // w.ic
         or_placeholder = self.backend.or_placeholder
-        args = [self.backend.buffer(outputs[0]), self.backend.buffer(inputs[0]), w.weight,
+        args = [outputs[0], inputs[0], w.weight,
                 or_placeholder(w.scales), or_placeholder(w.zeros), or_placeholder(w.bias),
                 np.int32(n), np.int32(w.ic), np.int32(w.oc), np.int32(w.block), np.int32(w.bias is not None)]
         defines = {f"WEIGHT_{w.layout}": 1}

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 from mnngpu.backend import Node
+from mnngpu.backends.opencl.ops.launch import KernelExecution
 
 NORM_WG = 64    # norm_group's work-group size (norm.cl)
 ROWS_GROUP = 4  # rows per work-group in norm_rows
@@ -19,8 +19,7 @@ def pack_norm(backend, node: Node) -> None:
 
 
 class LayerNormExecution(KernelExecution):
-    def onResize(self, inputs, outputs):
-        self.launches = []
+    def plan(self, inputs, outputs):
         p = self.node.param
         x = inputs[0]
         axes = len(p.axis) if getattr(p, "axis", None) else 1
@@ -28,7 +27,7 @@ class LayerNormExecution(KernelExecution):
         rows = x.size // width
         gamma, beta = self.node.weights["opencl"]
         or_placeholder = self.backend.or_placeholder
-        args = [self.backend.buffer(outputs[0]), self.backend.buffer(x), or_placeholder(gamma), or_placeholder(beta),
+        args = [outputs[0], x, or_placeholder(gamma), or_placeholder(beta),
                 np.int32(rows), np.int32(width), np.float32(p.epsilon), np.int32(bool(p.useRMSNorm)),
                 np.int32(gamma is not None), np.int32(beta is not None)]
         if self.backend.variant == "gpu":

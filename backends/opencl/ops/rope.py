@@ -26,18 +26,17 @@ def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
 
 
 class RoPEExecution(KernelExecution):
-    def onResize(self, inputs, outputs):  # noqa: N802
+    def onResize(self, inputs, outputs):
         self.launches, self.as_exported = [], []
         split = rotate_half_split(self.node, inputs)
         if split is None:
-            self._plan_as_exported(inputs, outputs)
+            self._plan_as_exported(inputs, outputs)  # the ops' executions record themselves
             return
         x, out = inputs[0], outputs[0]
         _, _, heads, dim = x.shape
-        backend = self.backend
-        args = [backend.buffer(out), *(backend.buffer(t) for t in inputs[:3]), np.int32(heads), np.int32(dim),
-                np.int32(split), np.int32(out.size)]
+        args = [out, *inputs[:3], np.int32(heads), np.int32(dim), np.int32(split), np.int32(out.size)]
         self.prepare("rope.cl", "rope_rotate_half", args, (out.size,))
+        self.backend.record(self, inputs, outputs)
 
     def _plan_as_exported(self, inputs, outputs) -> None:
         p = self.node.param
@@ -56,7 +55,7 @@ class RoPEExecution(KernelExecution):
             self.as_exported.append((execution, op_inputs, op_outputs))
             env.update(zip(op.outputs, op_outputs))
 
-    def onExecute(self, inputs, outputs):  # noqa: N802
+    def onExecute(self, inputs, outputs):
         for execution, op_inputs, op_outputs in self.as_exported:
             execution.onExecute(op_inputs, op_outputs)
         super().onExecute(inputs, outputs)

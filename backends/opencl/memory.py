@@ -1,0 +1,105 @@
+"""Which buffer every activation of one resized pipeline lives in, planned by lifetime.
+
+At the end of a resize the backend knows its executions in run order and the tensors each reads
+and writes. A tensor takes a buffer from the pool when its producer runs and gives it back
+after its last reader, so a 100-row prefill needs a few activations' worth of memory instead of
+one buffer per tensor. Views own no buffer: their output is their input's, which stays taken
+until the view's own last reader.
+
+The pool is whole OpenCL buffers (no sub-buffers, so no base-address alignment rules and no
+single allocation larger than the device allows), shared by every pipeline of the backend: the
+pipelines of a pool's modules never run at the same time, and between runs no pooled tensor
+holds anything. Tensors that live across runs get their own buffer: those that no execution
+here writes (graph inputs, constants, copies from another backend), those nobody here reads,
+directly or through a view (graph outputs, downloaded after the run), and `pinned` ones (read
+by another backend's copy).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import pyopencl as cl
+
+from mnngpu.backend import Tensor
+
+
+@dataclass
+class RecordedStep:
+    execution: object           # has .bind(); .view_of: output 0 is a view of inputs[view_of]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+
+
+@dataclass
+class BufferPool:
+    """Free buffers by size; the smallest that fits is taken, else a new one is made."""
+
+    make: object                                   # nbytes -> cl.Buffer
+    buffers: list[tuple[int, int, cl.Buffer]] = field(default_factory=list)   # every pooled buffer
+    free: list[tuple[int, int]] = field(default_factory=list)                  # sorted (size, index)
+
+    def reset(self) -> None:
+        """A new plan: nothing pooled is in use."""
+        self.free = sorted((size, index) for size, index, _ in self.buffers)
+
+    def take(self, nbytes: int) -> tuple[int, cl.Buffer]:
+        at = bisect.bisect_left(self.free, (nbytes, -1))
+        if at < len(self.free):
+            _, index = self.free.pop(at)
+            return index, self.buffers[index][2]
+        index = len(self.buffers)
+        self.buffers.append((nbytes, index, self.make(nbytes)))
+        return index, self.buffers[index][2]
+
+    def give(self, index: int) -> None:
+        bisect.insort(self.free, (self.buffers[index][0], index))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(size for size, _, _ in self.buffers)
+
+
+def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
+    """Give every tensor the steps touch a buffer (`tensor.device`), then bind each execution."""
+    root: dict[int, Tensor] = {}
+
+    def root_of(tensor: Tensor) -> Tensor:
+        return root.get(id(tensor), tensor)
+
+    produced: dict[int, int] = {}       # id(root) -> the step that writes it
+    last_read: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        if step.execution.view_of is not None:
+            root[id(step.outputs[0])] = root_of(step.inputs[step.execution.view_of])
+        for tensor in step.inputs:
+            last_read[id(root_of(tensor))] = index
+        if step.execution.view_of is None:
+            for tensor in step.outputs:
+                produced.setdefault(id(tensor), index)
+    read = {id(tensor) for step in steps for tensor in step.inputs}
+    unread = {id(root_of(t)) for step in steps for t in step.outputs if id(t) not in read}  # graph outputs
+    pooled = {key for key, index in produced.items()
+              if last_read.get(key, -1) > index and key not in pinned and key not in unread}
+    dies_after: dict[int, list[int]] = {}
+    for key in pooled:
+        dies_after.setdefault(last_read[key], []).append(key)
+
+    pool.reset()
+    taken: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for tensor in step.outputs:
+            if id(tensor) in pooled and tensor.device is None:
+                taken[id(tensor)], tensor.device = pool.take(nbytes_of(tensor))
+        for key in dies_after.get(index, []):
+            if key in taken:
+                pool.give(taken[key])
+    for step in steps:
+        for tensor in (*step.inputs, *step.outputs):
+            owner = root_of(tensor)
+            if owner.device is None:
+                owner.device = make_own(owner)
+            tensor.device = owner.device
+    for step in steps:
+        step.execution.bind()
