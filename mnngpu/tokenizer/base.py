@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HfTokenizer
 
+from mnngpu.tokenizer.fast_encoder import FastEncoder
 from mnngpu.tokenizer.header import TokenizerHeader
 from mnngpu.tokenizer.stream import StreamDecoder
 
@@ -16,6 +17,7 @@ class Tokenizer:
 
     `backend` is the HuggingFace tokenizer that computes the same ids as the file's source;
     the special tokens are in it as added tokens, so it splits them out before it normalizes.
+    Where every stage of it has an exact stand-in, `FastEncoder` computes those ids faster.
     `token_bytes[id]` is the text each id stands for, as bytes (a byte-fallback id is one byte)."""
 
     def __init__(self, path: Path, header: TokenizerHeader, backend: HfTokenizer, token_bytes: list[bytes]):
@@ -26,6 +28,7 @@ class Tokenizer:
         self.prefix_ids = list(header.prefix_ids)
         self._backend = backend
         self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
+        self._fast_path = FastEncoder.for_backend(backend)
         self._token_bytes = token_bytes
         self._ids_by_text: dict[str, int] | None = None
         # Only a .mtok file carries these; for tokenizer.txt they come from llm_config.json's jinja.
@@ -40,6 +43,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return list(self.prefix_ids)
+        if self._fast_path is not None:
+            try:
+                return self._fast_path.encode(text, self.prefix_ids)
+            except UnicodeEncodeError:
+                pass                 # a lone surrogate: the library's own error follows
         if self._encode_fast is not None:
             # The batch call without offsets: the same ids, about twice as fast on long text.
             return self.prefix_ids + self._encode_fast([text], add_special_tokens=False)[0].ids

@@ -72,7 +72,8 @@ class CodePointMap:
         self.offset = np.zeros(CODE_POINTS, np.int64)
         self.length = np.zeros(CODE_POINTS, np.int64)
         self.flags = np.full(CODE_POINTS, UNKNOWN, np.uint8)
-        self.pool = np.zeros(0, np.uint32)
+        self.pool = np.zeros(1024, np.uint32)      # grows by doubling; pool_used entries are set
+        self.pool_used = 0
         self._probe = probe
         self._lock = threading.Lock()
 
@@ -83,7 +84,13 @@ class CodePointMap:
                 return
             texts = [text for text, _ in answers]
             lengths = np.array([len(text) for text in texts], np.int64)
-            self.offset[missing] = len(self.pool) + np.cumsum(lengths) - lengths
+            mapped = np.frombuffer("".join(texts).encode("utf-32-le"), np.uint32)
+            if self.pool_used + len(mapped) > len(self.pool):
+                bigger = np.zeros(max(2 * len(self.pool), self.pool_used + len(mapped)), np.uint32)
+                bigger[:self.pool_used] = self.pool[:self.pool_used]
+                self.pool = bigger
+            self.pool[self.pool_used:self.pool_used + len(mapped)] = mapped
+            self.offset[missing] = self.pool_used + np.cumsum(lengths) - lengths
             self.length[missing] = lengths
-            self.pool = np.concatenate([self.pool, np.frombuffer("".join(texts).encode("utf-32-le"), np.uint32)])
+            self.pool_used += len(mapped)
             self.flags[missing] = [flags for _, flags in answers]

@@ -55,12 +55,19 @@ def _probe_regex_classes(chars: list[str]) -> list[int]:
 
 
 def _probe_bert_classes(chars: list[str]) -> list[int]:
-    """Whether BertPreTokenizer removes each character (whitespace) or isolates it (punctuation)."""
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    """Whether BertPreTokenizer removes each character (whitespace) or isolates it (punctuation),
+    from one split of "a" c1 "a" c2 "a" ...: a character no word covers was removed, one that is a
+    word alone was isolated, and any other joins its neighbours "a"."""
+    text = "a" + "".join(f"{c}a" for c in chars)
+    covered = {}
+    for _, (start, end) in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(text):
+        for position in range(start, end):
+            covered[position] = (start, end)
     classes = []
-    for char in chars:
-        words = [word for word, _ in pre_tokenizer.pre_tokenize_str(f"a{char}a")] if char != "a" else ["aaa"]
-        classes.append(BERT_SPACE if words == ["a", "a"] else BERT_PUNCT if words == ["a", char, "a"] else 0)
+    for k, char in enumerate(chars):
+        word = covered.get(2 * k + 1)
+        isolated = word == (2 * k + 1, 2 * k + 2) and char != "a"
+        classes.append(BERT_SPACE if word is None else BERT_PUNCT if isolated else 0)
     return classes
 
 

@@ -1,0 +1,41 @@
+"""Splitting added (special) tokens out of a text, as `tokenizers`' AddedVocabulary does.
+
+The library finds the tokens leftmost-longest (Aho-Corasick); a regex alternation of the token
+strings, longest first, finds the same ones: the leftmost position where any token starts, and
+there the longest. Tokens with normalized=False are found in the raw text; each piece between
+them is normalized on its own, then the normalized=True tokens (whose strings are normalized the
+same way) are found in it. lstrip, rstrip and single_word are not done here.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class TokenSplitter:
+    """split(text): the pieces of text between the tokens, and each token's id, in order."""
+
+    def __init__(self, tokens: dict[str, int]):
+        self._ids = dict(tokens)
+        strings = sorted(self._ids, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+
+    def split(self, text: str) -> list[str | int]:
+        if self._pattern is None:
+            return [text]
+        pieces: list[str | int] = []
+        last = 0
+        for match in self._pattern.finditer(text):
+            if match.start() > last:
+                pieces.append(text[last:match.start()])
+            pieces.append(self._ids[match.group()])
+            last = match.end()
+        if last < len(text):
+            pieces.append(text[last:])
+        return pieces
+
+
+def splittable(added_tokens: list[dict]) -> bool:
+    """Whether TokenSplitter finds these tokens exactly as the library does."""
+    plain = all(t["content"] and not (t["lstrip"] or t["rstrip"] or t["single_word"]) for t in added_tokens)
+    return plain and len({t["content"] for t in added_tokens}) == len(added_tokens)
