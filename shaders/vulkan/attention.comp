@@ -1,0 +1,74 @@
+#version 450
+// Causal attention of one query row and head against the cache, one workgroup each:
+// row s (at position past + s) sees cache entries 0 .. past + s. Heads share kv head
+// h / (heads / kv_heads). Scores go through `scores` (float, [seq * heads, capacity]) in
+// three passes: dot products and their max, exp and their sum, then the weighted sum of values.
+#include "common.glsl"
+#define MAX_HEAD_DIM 256u
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer KC { STORE k_cache[]; };
+layout(std430, binding = 2) readonly buffer VC { STORE v_cache[]; };
+layout(std430, binding = 3) readonly buffer Step { uint past; } step;
+layout(std430, binding = 4) coherent buffer Scores { float scores[]; };
+layout(std430, binding = 5) writeonly buffer Out { float o[]; };
+layout(push_constant) uniform Push {
+    uint seq; uint heads; uint kv_heads; uint head_dim; uint capacity; float scale;
+} pc;
+
+shared float q_row[MAX_HEAD_DIM];
+shared float partial[64];
+
+float workgroup_reduce(float v, bool take_max) {
+    uint l = gl_LocalInvocationID.x;
+    partial[l] = v;
+    barrier();
+    for (uint s = 32u; s > 0u; s >>= 1u) {
+        if (l < s) partial[l] = take_max ? max(partial[l], partial[l + s]) : partial[l] + partial[l + s];
+        barrier();
+    }
+    float total = partial[0];
+    barrier();
+    return total;
+}
+
+void main() {
+    uint item = group_index();
+    if (item >= pc.seq * pc.heads) return;
+    uint l = gl_LocalInvocationID.x;
+    uint s = item / pc.heads;
+    uint h = item % pc.heads;
+    uint g = h / (pc.heads / pc.kv_heads);
+    uint D = pc.head_dim;
+    uint visible = min(step.past + s + 1u, pc.capacity);
+    uint q_base = item * D;
+    for (uint d = l; d < D; d += 64u) q_row[d] = q[q_base + d];
+    barrier();
+
+    uint kv_base = g * pc.capacity;
+    uint score_base = item * pc.capacity;
+    float local_max = -3.0e38;
+    for (uint t = l; t < visible; t += 64u) {
+        uint k_base = (kv_base + t) * D;
+        float dot_qk = 0.0;
+        for (uint d = 0u; d < D; d++) dot_qk += q_row[d] * float(k_cache[k_base + d]);
+        dot_qk *= pc.scale;
+        scores[score_base + t] = dot_qk;
+        local_max = max(local_max, dot_qk);
+    }
+    float m = workgroup_reduce(local_max, true);
+    float local_sum = 0.0;
+    for (uint t = l; t < visible; t += 64u) {
+        float p = exp(scores[score_base + t] - m);
+        scores[score_base + t] = p;
+        local_sum += p;
+    }
+    float inv_sum = 1.0 / workgroup_reduce(local_sum, false);
+    memoryBarrierBuffer();
+    barrier();
+    for (uint d = l; d < D; d += 64u) {
+        float acc = 0.0;
+        for (uint t = 0u; t < visible; t++) acc += scores[score_base + t] * float(v_cache[(kv_base + t) * D + d]);
+        o[q_base + d] = acc * inv_sum;
+    }
+}

@@ -1,0 +1,33 @@
+#version 450
+// One row of activations times a weight part: y[out_offset + o] = W[o] . x + bias[o].
+// Each invocation computes one quad of 4 output channels over the whole row (no shared
+// memory, no barriers: CPU drivers such as lavapipe run those slowly).
+#include "common.glsl"
+#include "linear_weights.glsl"
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer X { vec4 x[]; };
+layout(std430, binding = 5) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Push {
+    uint rows; uint ic; uint block_size; uint n_blocks;
+    uint out_offset; uint out_stride; uint has_bias; uint n;
+} pc;
+
+void main() {
+    uint q = global_index();
+    uint quads = (pc.rows + 3u) / 4u;
+    if (q >= quads) return;
+    vec4 acc = vec4(0.0);
+    vec4 lo[4];
+    vec4 hi[4];
+    for (uint g = 0u; g < pc.ic / 8u; g++) {
+        load_group(g, q, quads, g * 8u / pc.block_size, lo, hi);
+        vec4 xa = x[2u * g];
+        vec4 xb = x[2u * g + 1u];
+        acc += vec4(dot(lo[0], xa) + dot(hi[0], xb), dot(lo[1], xa) + dot(hi[1], xb),
+                    dot(lo[2], xa) + dot(hi[2], xb), dot(lo[3], xa) + dot(hi[3], xb));
+    }
+    if (pc.has_bias != 0u) acc += bias[q];
+    for (uint c = 0u; c < 4u; c++) {
+        if (4u * q + c < pc.rows) y[pc.out_offset + 4u * q + c] = acc[c];
+    }
+}
