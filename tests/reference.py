@@ -82,3 +82,26 @@ UNARY = {
     "GELU": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
     "GELU_STANDARD": lambda x: 0.5 * x * (1.0 + _erf64(x / np.sqrt(2.0))),
 }
+
+
+# ---- random quantized weights and the comparison, shared by tests/backend/ ---------------------------------
+
+def random_levels(rng: np.random.Generator, oc: int, ic: int, bits: int, block: int):
+    """(levels uint8 [oc, ic], scales, zeros float32 [oc, ic // block]) of an asymmetric quantized layer."""
+    levels = rng.integers(0, 1 << bits, size=(oc, ic), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, size=(oc, ic // block)).astype(np.float32)
+    zeros = (-(1 << (bits - 1)) * scales + rng.normal(0, 0.01, size=scales.shape)).astype(np.float32)
+    return levels, scales, zeros
+
+
+def pack_high_nibble_first(levels: np.ndarray) -> np.ndarray:
+    """MNN's int4 byte order: element 2i in the high nibble of byte i."""
+    return (levels[:, 0::2] << 4 | levels[:, 1::2]).astype(np.uint8)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
+    """Same shape, and the largest difference within rtol x the largest |want|."""
+    want = np.asarray(want, dtype=np.float64)
+    scale = max(float(np.abs(want).max()), 1e-6)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.abs(got - want).max() <= rtol * scale, np.abs(got - want).max() / scale

@@ -1,1 +1,180 @@
-"""The vulkan backend."""
+"""The Vulkan backend: SPIR-V compute shaders (shaders/vulkan) on the `vulkan` (cffi) binding.
+
+Fixed shape: each pool module is resized once; its dispatches are recorded into command
+buffers at the end of that resize and resubmitted every step (program.py). Per step only the
+embedding rows and positions go up, the kept KV length is written into a small step buffer,
+and the logits come down. Weights stay int4/int8 on the device, the KV cache lives there.
+
+Storage: activations are float32 at every precision. At precision low or normal, on a device
+with shaderFloat16 and 16-bit storage buffers, the KV cache and unquantized weights are fp16
+(`store_dtype`): that is where the bytes are. fp16 activations were measured to cost the whole
+2e-2 x logit-std budget on the fixtures, for a small share of the memory traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
+from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
+from mnngpu.backends.vulkan.ops import EXECUTIONS
+from mnngpu.backends.vulkan.ops.attention import KVCache
+from mnngpu.backends.vulkan.ops.matmul import pack_linear, packable
+from mnngpu.backends.vulkan.ops.norm import pack_norm
+from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
+from mnngpu.errors import ModelFormatError
+from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.module_pool import PREFILL_LEN
+
+DEFAULT_MAX_TOKENS = 2048
+
+
+class VulkanBackend(Backend):
+    type = "vulkan"
+    fixed_shape = True
+    executions = EXECUTIONS
+
+    def __init__(self, config: BackendConfig, kv_meta=None):
+        super().__init__(config, kv_meta if kv_meta is not None else KVMeta())
+        self.device: VulkanDevice = shared_device()
+        self.fp16 = not config.fp32 and self.device.fp16
+        self.store_dtype = np.dtype(np.float16 if self.fp16 else np.float32)  # KV cache, dense weights
+        self.max_binding_bytes = self.device.max_binding_bytes
+        self.max_tokens = int(getattr(config, "max_all_tokens", None) or DEFAULT_MAX_TOKENS)
+        self.arena = MemoryArena(self.device)
+        self.step_arena = MemoryArena(self.device, host_visible=True)
+        self.descriptors = DescriptorAllocator(self.device)
+        self.command_pool = self.device.create_command_pool()
+        self.kv_caches: dict[int, KVCache] = {}
+        self.step = self.new_buffer(16, np.int32, self.step_arena)   # uint past: the kept KV length
+        self.placeholder = self.new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
+        self._scratch: dict[int, DeviceTensor] = {}
+        self._segments: list[Segment] = []
+        self._due: list[Segment] = []
+
+    # ---- load ---------------------------------------------------------------------------------
+    def rearrange(self, node: Node) -> None:
+        if node.type == "Convolution" and packable(node.weights["weight"]):
+            node.weights["vulkan"] = pack_linear(self, node.weights.pop("weight"))
+        elif node.type == "LayerNorm":
+            pack_norm(self, node)
+
+    # ---- resize -------------------------------------------------------------------------------
+    def onCreate(self, inputs, outputs, node):
+        cls = self.executions.get(node.type)
+        if cls is None or not cls.supports(inputs, outputs, node):
+            self._close_segment()   # the CPU backup runs this op between two submits
+            return None
+        return cls(self, node)
+
+    def onResizeBegin(self) -> None:
+        self._segments = [Segment()]
+
+    def onResizeEnd(self) -> None:
+        for segment in self._segments:
+            if segment.dispatches:
+                for tensor in segment.tensors():
+                    self._materialize(tensor)
+                segment.record(self.device, self.command_pool, self.descriptors)
+        self._segments = []
+
+    def record(self, dispatch: Dispatch) -> Segment:
+        segment = self._segments[-1]
+        segment.add(dispatch)
+        return segment
+
+    def _close_segment(self) -> None:
+        if self._segments and self._segments[-1].dispatches:
+            self._segments.append(Segment())
+
+    def _materialize(self, tensor: DeviceTensor) -> None:
+        if tensor.nbytes > self.max_binding_bytes:
+            raise ModelFormatError(f"a tensor of {tensor.nbytes} bytes exceeds this Vulkan device's "
+                                   f"maxStorageBufferRange ({self.max_binding_bytes}); a smaller max_all_tokens "
+                                   "shrinks the KV cache and the attention scores", field="backend_type")
+        tensor.materialize()
+
+    # ---- tensors ------------------------------------------------------------------------------
+    def new_tensor(self, tensor: Tensor) -> DeviceTensor:
+        """Unbound storage for a graph tensor (memory comes at the end of the resize)."""
+        dtype = np.dtype(np.float32 if np.dtype(tensor.dtype).kind == "f" else np.int32)
+        return DeviceTensor(self.arena, tensor.size * dtype.itemsize, dtype)
+
+    def new_buffer(self, nbytes: int, dtype, arena: MemoryArena | None = None) -> DeviceTensor:
+        tensor = DeviceTensor(arena or self.arena, nbytes, dtype)
+        self._materialize(tensor)
+        return tensor
+
+    def constant(self, values: np.ndarray) -> DeviceTensor:
+        """Device memory holding `values` now (weights, norms)."""
+        values = np.ascontiguousarray(values)
+        tensor = self.new_buffer(values.nbytes, values.dtype)
+        tensor.write(values)
+        return tensor
+
+    def scratch(self, nbytes: int) -> DeviceTensor:
+        """Float32 working memory shared by every dispatch that asks for this size (they run in order)."""
+        if nbytes not in self._scratch:
+            self._scratch[nbytes] = DeviceTensor(self.arena, nbytes, np.float32)
+        return self._scratch[nbytes]
+
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
+        cache = self.kv_caches.get(layer)
+        if cache is None:
+            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN)
+        elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
+            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
+                                   field="Attention.layer_index")
+        return cache
+
+    def kernel_name(self, base: str) -> str:
+        """The variant of a kernel that reads store_dtype buffers."""
+        return f"{base}_{'f16' if self.fp16 else 'f32'}"
+
+    def alloc(self, tensor: Tensor) -> None:
+        tensor.device = self.new_tensor(tensor)
+
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        if tensor.device is None:
+            self.alloc(tensor)
+        tensor.device.write(np.asarray(array).astype(tensor.device.dtype, copy=False))
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        self.finish()
+        values = tensor.device.read()
+        return values.astype(tensor.dtype, copy=False).reshape(tensor.shape)
+
+    # ---- run ----------------------------------------------------------------------------------
+    def enqueue(self, segment: Segment) -> None:
+        if segment not in self._due:
+            self._due.append(segment)
+
+    def set_step(self, past: int) -> None:
+        self.step.write(np.array([past, 0, 0, 0], dtype=np.int32))
+
+    def finish(self) -> None:
+        due, self._due = self._due, []
+        buffers = [s.command_buffer for s in due if s.command_buffer is not None]
+        if buffers:
+            self.device.submit(buffers)
+
+    def close(self) -> None:
+        """Free this backend's memory, descriptor sets and command buffers (kernels stay shared)."""
+        if self.command_pool is None:
+            return
+        vk, dev = self.device.vk, self.device.device
+        vk.vkDestroyCommandPool(dev, self.command_pool, None)
+        self.command_pool = None
+        self.descriptors.release()
+        self.arena.release()
+        self.step_arena.release()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # at interpreter shutdown the binding may be gone already
+            self.close()
+
+
+__all__ = ["VulkanBackend"]

@@ -1,0 +1,21 @@
+"""The Vulkan backend's op table: op type -> Execution class."""
+
+from mnngpu.backends.vulkan.ops.attention import VulkanAttention
+from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
+from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
+from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
+from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
+
+EXECUTIONS = {
+    "Convolution": VulkanLinear,
+    "LayerNorm": VulkanLayerNorm,
+    "Attention": VulkanAttention,
+    "BinaryOp": VulkanBinary,
+    "UnaryOp": VulkanUnary,
+    "Cast": VulkanCast,
+    "StridedSlice": VulkanStridedSlice,
+    "GatherV2": VulkanGather,
+    "Gather": VulkanGather,
+    "Concat": VulkanConcat,
+    **{op: VulkanView for op in ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")},
+}

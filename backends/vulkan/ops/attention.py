@@ -1,0 +1,77 @@
+"""MNN's fused Attention op, with each layer's KV cache on the device.
+
+Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim), v (the same values, seq
+first), mask (not read: the kernel masks causally from the kept length). Two dispatches: append
+this step's k and v at the kept length, then attend. The kept length changes every step while the
+commands are recorded once, so onExecute writes it into the backend's step buffer, which both
+kernels read, before the submit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
+from mnngpu.backends.vulkan.program import pack_push
+from mnngpu.errors import InputError
+
+MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
+
+
+class KVCache:
+    """One layer's keys and values: (kv_heads, capacity, head_dim) each, of the backend's store_dtype."""
+
+    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int):
+        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
+        dtype = backend.store_dtype
+        self.k = backend.new_buffer(kv_heads * capacity * head_dim * dtype.itemsize, dtype)
+        self.v = backend.new_buffer(kv_heads * capacity * head_dim * dtype.itemsize, dtype)
+        self.spare = backend.new_buffer(capacity * head_dim * dtype.itemsize, dtype)
+
+    def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
+        """Move the kept spans of a removed region together behind `start`; returns the new end.
+        Spans may overlap their destination, so each goes through the spare buffer."""
+        row = self.head_dim * self.k.dtype.itemsize
+        regions = []
+        for begin, length in reserve:
+            for cache in (self.k, self.v):
+                for head in range(self.kv_heads):
+                    base = head * self.capacity
+                    regions.append((cache.buffer, (base + start + begin) * row, self.spare.buffer, 0, length * row))
+                    regions.append((self.spare.buffer, 0, cache.buffer, (base + start) * row, length * row))
+            start += length
+        if regions:
+            self.k.arena.copy(regions)
+        return start
+
+
+class VulkanAttention(VulkanExecution):
+    @classmethod
+    def supports(cls, inputs, outputs, node):
+        return inputs[0].shape[3] <= MAX_HEAD_DIM and inputs[0].shape[2] % inputs[1].shape[2] == 0
+
+    def onResize(self, inputs, outputs):
+        backend = self.backend
+        _, seq, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        self.seq = seq
+        self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
+        capacity = self.cache.capacity
+        q, k, v = (t.device for t in inputs[:3])
+        out = outputs[0].device = backend.new_tensor(outputs[0])
+        scores = backend.scratch(seq * heads * capacity * 4)
+        self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, self.cache.k, self.cache.v],
+                      pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=2)
+        scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
+        self.dispatch(backend.kernel_name("attention"), [q, self.cache.k, self.cache.v, backend.step, scores, out],
+                      pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale)), seq * heads, writes=2)
+
+    def onExecute(self, inputs, outputs):
+        meta = self.backend.kv_meta
+        past = self.cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
+        if past + self.seq > self.cache.capacity:
+            raise InputError(f"{past} cached + {self.seq} new tokens exceed the Vulkan KV cache of "
+                             f"{self.cache.capacity} (max_all_tokens plus one prefill chunk)", field="max_all_tokens")
+        self.backend.set_step(past)
+        super().onExecute(inputs, outputs)
+

@@ -1,0 +1,35 @@
+"""What every Vulkan Execution shares: recording dispatches at resize, marking them due at execute."""
+
+from __future__ import annotations
+
+from mnngpu.backend import Execution
+from mnngpu.backends.vulkan.memory import DeviceTensor
+from mnngpu.backends.vulkan.program import Dispatch, Segment, grid
+
+GROUP_SIZE = 64  # local_size_x of every elementwise kernel
+
+
+class VulkanExecution(Execution):
+    segment: Segment | None = None
+
+    @classmethod
+    def supports(cls, inputs, outputs, node) -> bool:
+        """False where this op, with these shapes, must run on the CPU backup instead."""
+        return True
+
+    def dispatch(self, kernel_name: str, bindings: list[DeviceTensor], push: bytes,
+                 groups: int | tuple[int, int, int], writes: int = 1) -> None:
+        """Record one dispatch into the backend's open segment: `groups` workgroups laid out by
+        grid() for group_index(), or an explicit (x, y, z) for kernels that read their own ids."""
+        backend = self.backend
+        kernel = backend.device.kernel(kernel_name, len(bindings))
+        counts = groups if isinstance(groups, tuple) else grid(groups, backend.device.max_groups)
+        self.segment = backend.record(Dispatch(kernel, bindings, push, counts, writes))
+
+    def onExecute(self, inputs, outputs):
+        if self.segment is not None:
+            self.backend.enqueue(self.segment)
+
+
+def element_groups(n: int) -> int:
+    return -(-int(n) // GROUP_SIZE)

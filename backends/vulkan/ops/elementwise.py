@@ -1,0 +1,68 @@
+"""Elementwise ops: UnaryOp, BinaryOp (numpy broadcasting) and Cast."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
+from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, padded
+from mnngpu.backends.vulkan.program import pack_push
+
+# the `op` numbers of unary.comp, in order
+UNARY_OPS = ["ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN", "ASIN",
+             "ACOS", "ATAN", "RECIPROCAL", "TANH", "SIGMOID", "SILU", "SIGN", "ROUND", "ERF", "GELU", "GELU_STANDARD"]
+
+# the `op` numbers of binary.comp; aliases share a number
+BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3, "FLOORDIV": 5, "MOD": 6, "FLOORMOD": 6,
+              "POW": 8, "MAXIMUM": 9, "MINIMUM": 10, "MAX_TEMP": 9, "MIN_TEMP": 10, "SquaredDifference": 11,
+              "GREATER": 12, "GREATER_EQUAL": 13, "LESS": 14, "LESS_EQUAL": 15, "EQUAL": 16, "NOTEQUAL": 17,
+              "ATAN2": 18, "MUL_SILU": 19}
+
+
+def _is_float(tensor) -> bool:
+    return np.dtype(tensor.dtype).kind == "f"
+
+
+class VulkanUnary(VulkanExecution):
+    @classmethod
+    def supports(cls, inputs, outputs, node):
+        return node.param.opType in UNARY_OPS and _is_float(inputs[0])
+
+    def onResize(self, inputs, outputs):
+        x = inputs[0].device
+        y = outputs[0].device = self.backend.new_tensor(outputs[0])
+        n = outputs[0].size
+        self.dispatch("unary", [x, y],
+                      pack_push("II", n, UNARY_OPS.index(self.node.param.opType)), element_groups(n))
+
+
+class VulkanBinary(VulkanExecution):
+    @classmethod
+    def supports(cls, inputs, outputs, node):
+        return node.param.opType in BINARY_OPS and inputs[0].dtype == inputs[1].dtype
+
+    def onResize(self, inputs, outputs):
+        a, b = inputs[0].device, inputs[1].device
+        kernel = "binary_f32" if _is_float(inputs[0]) else "binary_i32"
+        out = outputs[0]
+        c = out.device = self.backend.new_tensor(out)
+        shape, (sa, sb) = coalesce(out.shape, broadcast_strides(inputs[0].shape, out.shape),
+                                   broadcast_strides(inputs[1].shape, out.shape))
+        what = f"BinaryOp {self.node.name}"
+        push = pack_push("IIII6I6i6i", out.size, BINARY_OPS[self.node.param.opType], len(shape), 0,
+                         *padded(shape, what), *padded(sa, what), *padded(sb, what))
+        self.dispatch(kernel, [a, b, c], push, element_groups(out.size))
+
+
+class VulkanCast(VulkanExecution):
+    """int32 <-> float; a cast within a kind is the identity and aliases its input."""
+
+    def onResize(self, inputs, outputs):
+        x, out = inputs[0], outputs[0]
+        if _is_float(x) == _is_float(out):
+            out.device = x.device
+            return
+        y = out.device = self.backend.new_tensor(out)
+        kernel = "cast_to_float" if _is_float(out) else "cast_to_int"
+        self.dispatch(kernel, [x.device, y], pack_push("I", out.size), element_groups(out.size))
+

@@ -1,0 +1,33 @@
+"""LayerNorm / RMSNorm (MNN's LayerNorm with useRMSNorm) over the last len(axis) axes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backends.vulkan.ops.base import VulkanExecution
+from mnngpu.backends.vulkan.program import pack_push
+
+
+def pack_norm(backend, node) -> None:
+    """gamma and beta on the device; the raw arrays stay for the CPU backup."""
+    node.weights["vulkan_norm"] = tuple(
+        None if node.weights.get(name) is None else backend.constant(np.asarray(node.weights[name], np.float32))
+        for name in ("gamma", "beta"))
+
+
+class VulkanLayerNorm(VulkanExecution):
+    def onResize(self, inputs, outputs):
+        backend = self.backend
+        p = self.node.param
+        axes = len(p.axis) if getattr(p, "axis", None) else 1
+        shape = inputs[0].shape
+        n = int(np.prod(shape[len(shape) - axes:], dtype=np.int64))
+        rows = inputs[0].size // max(n, 1)
+        if "vulkan_norm" not in self.node.weights:
+            pack_norm(backend, self.node)
+        gamma, beta = self.node.weights["vulkan_norm"]
+        x = inputs[0].device
+        y = outputs[0].device = backend.new_tensor(outputs[0])
+        push = pack_push("IIfIII", rows, n, float(p.epsilon), int(bool(p.useRMSNorm)), int(gamma is not None),
+                         int(beta is not None))
+        self.dispatch("layer_norm", [x, gamma or backend.placeholder, beta or backend.placeholder, y], push, rows)

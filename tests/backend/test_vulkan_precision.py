@@ -1,0 +1,33 @@
+"""precision low on Vulkan: the KV cache (and any unquantized weight) in fp16 storage, and still
+every fixture's first-step logits within 2e-2 x std of what MNN recorded at precision high."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mnngpu import llm as mnngpu_llm
+from tests.conftest import FIXTURES, MODEL_NAMES, backend_or_skip, reference
+
+LOW_TOLERANCE = 2e-2
+
+
+@pytest.fixture(scope="module")
+def fp16_device():
+    backend = backend_or_skip("vulkan")
+    if not backend.device.fp16:
+        pytest.skip(f"{backend.device.name} lacks shaderFloat16 or 16-bit storage buffers")
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_low_precision_logits_stay_close_to_mnn(fp16_device, name):
+    ref, first_logits = reference(name)
+    model = mnngpu_llm.create(FIXTURES / name)
+    model.set_config({"backend_type": "vulkan", "precision": "low", "thread_num": 2})
+    model.load()
+    assert model.runtime.backend().store_dtype == np.float16
+    for k, prompt in enumerate(ref["prompts"]):
+        model.reset()
+        logits = np.asarray(model.forward(prompt["ids"]))[0, -1]
+        scale = float(first_logits[k].std())
+        assert np.abs(logits - first_logits[k]).max() <= LOW_TOLERANCE * scale, prompt["text"]
