@@ -30,8 +30,8 @@ class CPUExecution(Execution):
 
     @staticmethod
     def value(tensor: Tensor) -> np.ndarray:
-        """A tensor's array: its buffer, or its host value when it is a constant."""
-        return tensor.device if tensor.device is not None else tensor.host
+        """A tensor's array: its host value when it is a constant, else its buffer."""
+        return tensor.host if tensor.host is not None else tensor.device
 
 
 class ViewExecution(CPUExecution):

@@ -8,7 +8,7 @@ and keeps that buffer alive until the view's own last reader.
 
 Tensors nobody reads (graph outputs) keep their bytes until the run ends; the Session
 downloads them before the next run. Tensors that no execution here produces (graph inputs,
-constants, copies from another backend) get their own buffer.
+copies from another backend) get their own buffer; host constants need none.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def plan(steps: list[PlannedStep], reuse: bool = True) -> None:
             offset, _ = offsets[key]
             start = shift + offset
             tensor.device = arena[start:start + tensor.nbytes].view(tensor.dtype).reshape(tensor.shape)
-        elif tensor.device is None:
+        elif tensor.device is None and tensor.host is None:
             tensor.device = np.empty(tensor.shape, dtype=tensor.dtype)
     for step in steps:
         if step.view_of is not None:

@@ -1,0 +1,134 @@
+"""`mnngpu bench` follows MNN's llm_bench (transformers/llm/engine/tools/llm_bench.cpp): its flags, its
+test semantics (pp / tg / pp+tg, one warm-up dropped) and its markdown table; and
+benchmarks/compare_mnn.py runs both engines and reports them side by side."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnngpu import bench, cli
+from mnngpu.errors import ConfigError
+from tests.conftest import FIXTURES
+
+MODEL = FIXTURES / "qwen2_int4_b64"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("value, name", [("0", "normal"), ("1", "high"), ("2", "low"), ("Low", "low"),
+                                         ("high", "high")])
+def test_precision_takes_llm_bench_numbers_and_names(value, name):
+    assert bench.parse_precision(value) == name
+
+
+@pytest.mark.parametrize("value", ["3", "fp16", "-1"])
+def test_bad_precision_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="-c"):
+        bench.parse_precision(value)
+
+
+def test_bad_pg_is_a_config_error():
+    with pytest.raises(ConfigError, match="PROMPT,GEN"):
+        bench.parse_pairs(["512"])
+
+
+def test_tests_come_in_llm_bench_order_and_zeros_are_skipped():
+    cases = bench.test_cases([512, 0], [128], bench.parse_pairs(["512,128"]))
+    assert [c.name for c in cases] == ["pp512", "tg128", "pp512+tg128"]
+    assert [c.shared_kv for c in cases] == [False, False, True]
+    assert bench.test_cases([0], [0], []) == []
+
+
+def test_threads_run_largest_first_like_llm_bench():
+    cases = bench.runtime_cases([Path("m")], ["cpu"], ["low"], "low", [1, 4, 2])
+    assert [c.threads for c in cases] == [4, 2, 1]
+
+
+class CountingModel:
+    """Stands in for an Llm: records every reset and forward, returns fixed logits."""
+
+    def __init__(self):
+        self.calls: list[object] = []
+        self.sampler = self
+
+    def reset(self):
+        self.calls.append("reset")
+
+    def forward(self, ids):
+        self.calls.append(len(ids))
+        return np.zeros((1, 1, 8), dtype=np.float32)
+
+    def sample(self, logits, history):
+        return 3
+
+
+@pytest.mark.parametrize("test, per_repeat", [
+    (bench.TestCase(6, 0), ["reset", 6]),                       # pp: prefill only
+    (bench.TestCase(0, 3), ["reset", 1, 1, 1, 1]),              # tg: a 1-token prompt, then 3 decodes
+    (bench.TestCase(5, 2, shared_kv=True), ["reset", 5, 1, 1]),  # pp+tg: decode from the prefill's cache
+])
+def test_each_repeat_does_llm_bench_work_and_the_warm_up_is_dropped(test, per_repeat):
+    model = CountingModel()
+    result = bench.BenchResult(bench.RuntimeCase(MODEL, "cpu", "low", "low", 1), test, "m", 1)
+    bench.run_test(model, test, repeat=2, result=result)
+    assert model.calls == per_repeat * 3
+    assert len(result.prefill_speeds) == (2 if test.n_prompt else 0)
+    assert len(result.decode_speeds) == (2 if test.n_gen else 0)
+
+
+def test_table_matches_llm_bench_layout():
+    table = bench.MarkdownTable(bench.test_cases([512], [128], []))
+    assert table.header().splitlines() == [
+        "| model                          |  modelSize | backend    | threads | precision  | test          |        t/s |",
+        "| ------------------------------ | ---------: | ---------- | ----: | ---------- | ------------- | ---------: |",
+    ]
+    runtime = bench.RuntimeCase(MODEL, "cpu", "low", "low", 2)
+    result = bench.BenchResult(runtime, bench.TestCase(512, 0), "qwen", 309191306, prefill_speeds=[90.0, 100.0, 110.0])
+    assert table.row(result) == ("| qwen                           | 294.87 MiB | CPU        |     2 | Low        "
+                                 "| pp512         | 100.00 ± 10.00 |")
+
+
+def test_pg_rows_report_prefill_and_decode():
+    table = bench.MarkdownTable(bench.test_cases([], [], [(512, 128)]))
+    assert "speed(tok/s)" in table.header()
+    runtime = bench.RuntimeCase(MODEL, "cpu", "high", "low", 2)
+    result = bench.BenchResult(runtime, bench.TestCase(512, 128, True), "qwen", 2 << 30,
+                               prefill_speeds=[60.0, 62.0], decode_speeds=[25.0, 25.0])
+    assert table.row(result).endswith("| High       | pp512+tg128   | 61.00 ± 1.41<br>25.00 ± 0.00 |")
+    assert "2.00 GiB" in table.row(result)
+
+
+def test_bench_command_prints_one_row_per_test():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["bench", "-m", str(MODEL), "-t", "1", "-c", "low", "-p", "8", "-n", "3", "-pg", "4,2",
+                         "-rep", "2"])
+    assert code == 0
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("| qwen2_int4_b64")]
+    assert [row.split("|")[6].strip() for row in rows] == ["pp8", "tg3", "pp4+tg2"]
+    speeds = [row.split("|")[7] for row in rows]
+    assert "<br>" in speeds[2]
+    for cell in speeds:
+        for part in cell.split("<br>"):
+            mean, std = (float(v) for v in part.split("±"))
+            assert mean > 0 and std >= 0
+
+
+def test_compare_mnn_reports_both_engines():
+    pytest.importorskip("MNN.llm")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_mnn.py"), str(MODEL), "--threads", "1",
+                           "--prompt", "8", "--decode", "2", "--rounds", "1", "--no-bandwidth"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("round 1") for line in lines) == 2
+    for metric in ("decode tok/s", "prefill tok/s", "load s", "peak RSS (MB)"):
+        row = next(line for line in lines if line.startswith(f"| {metric} "))
+        assert row.rstrip().endswith("x |")
+    assert any(line.startswith("mnngpu decode streams") for line in lines)
