@@ -18,10 +18,13 @@ from mnngpu.backends.cpu.execution import CPUExecution
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
 
-class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by doubling."""
+KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
 
-    def __init__(self, kv_heads: int, head_dim: int, capacity: int = 256):
+
+class KVCache:
+    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP):
         self.k = np.zeros((kv_heads, capacity, head_dim), dtype=np.float32)
         self.v = np.zeros_like(self.k)
 
@@ -29,8 +32,7 @@ class KVCache:
         capacity = self.k.shape[1]
         if length <= capacity:
             return
-        while capacity < length:
-            capacity *= 2
+        capacity = -(-max(length, capacity + capacity // 2) // KV_STEP) * KV_STEP
         for name in ("k", "v"):
             old = getattr(self, name)
             grown = np.zeros((old.shape[0], capacity, old.shape[2]), dtype=np.float32)
