@@ -67,6 +67,7 @@ class BackendConfig:
     power: str = "normal"
     memory: str = "low"
     thread_num: int = 4
+    max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
 
     @property
     def fp32(self) -> bool:

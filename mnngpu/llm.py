@@ -26,6 +26,10 @@ from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.validate import validate_model
 
 
+def _chunks(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[i: i + size] for i in range(0, len(ids), size)]
+
+
 class Logits(np.ndarray):
     """float32 logits that also answer MNN's `Var.read()`, so code written for MNN runs as is."""
 
@@ -145,13 +149,15 @@ class Llm:
         return [int(i) for i in array]
 
     def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
-        """One module forward over `ids` (at most one chunk); returns logits [rows, vocab]."""
+        """One module forward over `ids` (at most one chunk). Returns logits [seq, vocab] with
+        all_logits, else the module's last row [1, vocab]. A fixed-shape backend pads a chunk
+        to PREFILL_LEN rows; the padded rows' keys are overwritten later and never attended to,
+        since KVMeta only adds the real count."""
         meta = self.runtime.kv_meta
         seq = len(ids)
-        rows = seq
+        padded = self.runtime.fixed_shape and not (seq == 1 and not all_logits)
+        rows = PREFILL_LEN if padded else seq
         module = self.pool.select(seq, all_logits)
-        if self.runtime.fixed_shape and not (seq == 1 and not all_logits):
-            rows, all_logits = PREFILL_LEN, True   # pad to the module's one shape; padded keys never reach the cache
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self.embedding.rows(ids)
         positions = (meta.kept + np.arange(rows, dtype=np.int32)).reshape(1, rows)
@@ -168,9 +174,17 @@ class Llm:
         self._require_loaded()
         ids = self._check_ids(ids)
         all_logits = self.config.all_logits
-        chunk = PREFILL_LEN if self.runtime.fixed_shape else len(ids)
-        parts = [self._run(ids[i: i + chunk], all_logits) for i in range(0, len(ids), chunk)]
-        logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
+        if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
+            # In a padded chunk the last real row is not the last row. Prefill all but the last
+            # token (the lm_head then runs on one padded row only), and take the last token's
+            # logits from the decode module.
+            for chunk in _chunks(ids[:-1], PREFILL_LEN):
+                self._run(chunk, all_logits=False)
+            logits = self._run(ids[-1:], all_logits=False)
+        else:
+            size = PREFILL_LEN if self.runtime.fixed_shape else len(ids)
+            parts = [self._run(chunk, all_logits) for chunk in _chunks(ids, size)]
+            logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = self.runtime.kv_meta.previous
         return np.ascontiguousarray(logits[None]).view(Logits)

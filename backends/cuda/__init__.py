@@ -53,7 +53,7 @@ class CUDABackend(Backend):
         self.device = CudaDevice(self.storage.define)
         self.graphs = GraphRecorder(self.device)
         self.graphs.prepare_run = self._prepare_run
-        self.max_tokens = 2048      # KV capacity (+ one prefill chunk of padding), as MNN's max_all_tokens
+X
         self.kv_caches: dict[int, DeviceKVCache] = {}
         self.kv_length = self.device.empty(1, np.int32)
         self._kv_length_value: int | None = None

@@ -29,7 +29,7 @@ class RuntimeManager:
     @classmethod
     def from_config(cls, config) -> "RuntimeManager":
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
-                                thread_num=config.thread_num)
+                                thread_num=config.thread_num, max_all_tokens=config.max_all_tokens)
         return cls(ScheduleConfig(config.backend_type, backend))
 
     @property
