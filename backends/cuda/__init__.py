@@ -53,7 +53,7 @@ class CUDABackend(Backend):
         self.device = CudaDevice(self.storage.define)
         self.graphs = GraphRecorder(self.device)
         self.graphs.prepare_run = self._prepare_run
-X
+        self.max_tokens = config.max_all_tokens  # KV capacity (+ one prefill chunk of padding)
         self.kv_caches: dict[int, DeviceKVCache] = {}
         self.kv_length = self.device.empty(1, np.int32)
         self._kv_length_value: int | None = None
