@@ -15,7 +15,6 @@ above the tokenizer's range are simply never produced by encoding.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -23,13 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
-from mnn_export import export_mnn, save_hf_tokenizer, train_bpe_tokenizer
+from mnn_export import copy_model_files, export_mnn, folder_size, save_hf_tokenizer, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench_models" / "qwen2_5_0_5b_shape"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EXPORT_ARGS = ("--quant_bit", "4", "--quant_block", "64")
-MODEL_FILES = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight")
 SEED = 0
 QWEN2_5_0_5B_SHAPE = {
     "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
@@ -58,20 +56,6 @@ def build_hf_model(hf_dir: Path) -> None:
         torch.set_default_dtype(previous)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
-
-
-def copy_model_files(export_dir: Path, out_dir: Path) -> None:
-    """Replace out_dir with the model files of an export (not the exporter's intermediates)."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    for path in sorted(export_dir.iterdir()):
-        if path.name in MODEL_FILES or path.name.startswith(("tokenizer", "embeddings")):
-            shutil.copy2(path, out_dir / path.name)
-
-
-def folder_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main() -> None:

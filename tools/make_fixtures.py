@@ -23,14 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-from mnn_export import disable_converter_telemetry, export_mnn, save_hf_tokenizer, train_bpe_tokenizer  # noqa: E402
+import corpus
+from mnn_export import (
+    copy_model_files,
+    disable_converter_telemetry,
+    export_mnn,
+    folder_size,
+    save_hf_tokenizer,
+    train_bpe_tokenizer,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 ORACLE = REPO / "tests" / "mnn_oracle.py"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-EXPORT_FILES = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight")
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja")
 
@@ -130,11 +136,8 @@ def make_fixture(spec: FixtureSpec) -> Path:
         tok = build_tokenizer(hf_dir)
         build_hf_model(spec, hf_dir, vocab_size=tok.get_vocab_size())
         export_mnn(hf_dir, out_dir, *spec.export_args)
-        shutil.rmtree(dest, ignore_errors=True)
-        (dest / "hf").mkdir(parents=True)
-        keep = [p for p in out_dir.iterdir() if p.name in EXPORT_FILES or p.name.startswith(("tokenizer", "embeddings"))]
-        for path in keep:
-            shutil.copy2(path, dest / path.name)
+        copy_model_files(out_dir, dest)
+        (dest / "hf").mkdir()
         for name in HF_FILES:
             if (hf_dir / name).exists():
                 shutil.copy2(hf_dir / name, dest / "hf" / name)
@@ -155,8 +158,7 @@ def main() -> None:
     for spec in SPECS:
         if not args.names or spec.name in args.names:
             path = make_fixture(spec)
-            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-            print(f"{spec.name}: {size / 1e6:.2f} MB")
+            print(f"{spec.name}: {folder_size(path) / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ ImportError before anything imports it; the converter runs fine without it.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,23 @@ def export_mnn(hf_dir: Path, out_dir: Path, *extra_args: str, quiet: bool = True
         tail = (done.stdout or "")[-2000:] + (done.stderr or "")[-4000:]
         raise RuntimeError(f"llmexport failed for {hf_dir} (exit {done.returncode}):\n{tail}")
     return Path(out_dir)
+
+
+MODEL_FILES = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight")
+
+
+def copy_model_files(export_dir: Path, out_dir: Path) -> None:
+    """Replace out_dir with an export's model files (not the exporter's intermediates)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for path in sorted(Path(export_dir).iterdir()):
+        if path.name in MODEL_FILES or path.name.startswith(("tokenizer", "embeddings")):
+            shutil.copy2(path, out_dir / path.name)
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
 def train_bpe_tokenizer(lines, vocab_size: int, special_tokens: list[str]):

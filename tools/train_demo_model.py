@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus
-from make_bench_model import copy_model_files
-from mnn_export import export_mnn, save_hf_tokenizer, train_bpe_tokenizer
+from mnn_export import copy_model_files, export_mnn, save_hf_tokenizer, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "mnngpu" / "demo" / "model"
