@@ -105,3 +105,23 @@ def assert_close(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
     scale = max(float(np.abs(want).max()), 1e-6)
     assert got.shape == want.shape, (got.shape, want.shape)
     assert np.abs(got - want).max() <= rtol * scale, np.abs(got - want).max() / scale
+
+
+# ---- op patterns as the exporter writes them -------------------------------------------------------------
+
+def rotate_half_graph(split: int, axis: int) -> tuple[list, dict[int, np.ndarray]]:
+    """Tensors 0 x, 1 cos, 2 sin, 3..10 slice bounds; the exporter's 7 rotate-half ops -> tensor 17."""
+    from mnngpu.backend import Node
+    from mnngpu.format import params as P
+    from mnngpu.runtime.pipeline import GraphOp
+
+    bounds = {3: [split], 4: [1 << 30], 5: [axis], 6: [1], 7: [0], 8: [split], 9: [axis], 10: [1]}
+    slice_param = P.StridedSliceParam(fromType=1)
+    ops = [GraphOp(Node("BinaryOp", "mul_cos", P.BinaryOp(opType="MUL")), [0, 1], [11]),
+           GraphOp(Node("StridedSlice", "hi", slice_param), [0, 3, 4, 5, 6], [12]),
+           GraphOp(Node("UnaryOp", "neg", P.UnaryOp(opType="NEG")), [12], [13]),
+           GraphOp(Node("StridedSlice", "lo", slice_param), [0, 7, 8, 9, 10], [14]),
+           GraphOp(Node("Concat", "cat", P.Axis(axis=-1)), [13, 14], [15]),
+           GraphOp(Node("BinaryOp", "mul_sin", P.BinaryOp(opType="MUL")), [15, 2], [16]),
+           GraphOp(Node("BinaryOp", "add", P.BinaryOp(opType="ADD")), [11, 16], [17])]
+    return ops, {i: np.array(v, dtype=np.int32) for i, v in bounds.items()}

@@ -26,7 +26,8 @@ SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders" / "vulkan"
 MANIFEST = SHADER_DIR / "manifest.json"
 FLAGS = ["--target-env=vulkan1.1", "-O"]
 FLOATS = {"f32": [], "f16": ["FP16"]}  # STORE, the KV cache's and dense weights' element type
-LINEAR = {"q4": ["Q4"], "q8": ["Q8"], "dense_f32": ["DENSE"], "dense_f16": ["DENSE", "FP16"]}
+WEIGHTS = {"q4": ["Q4"], "q8": ["Q8"], "dense_f32": ["DENSE"], "dense_f16": ["DENSE", "FP16"]}
+LINEAR = {**WEIGHTS, **{f"{kind}_gated": defines + ["GATED"] for kind, defines in WEIGHTS.items()}}
 
 # source stem -> {variant: defines}; variant "" builds <stem>.spv
 VARIANTS: dict[str, dict[str, list[str]]] = {
@@ -35,6 +36,7 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
     "cast": {"to_float": ["TO_FLOAT"], "to_int": []},
     "copy": {"": []},
     "layer_norm": {"": []},
+    "rope": {"": []},
     "linear_gemv": LINEAR,
     "linear_gemm": LINEAR,
     "kv_store": FLOATS,

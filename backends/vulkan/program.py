@@ -26,7 +26,7 @@ class Dispatch:
     bindings: list[DeviceTensor]  # bound to bindings 0 .. n-1, in order
     push: bytes
     groups: tuple[int, int, int]
-    writes: int = 1               # the last `writes` bindings are written, the others only read
+    writes: tuple[int, ...] = (-1,)  # indices of the bindings it writes (negative: from the end); the rest are read
 
 
 def grid(n_groups: int, max_x: int) -> tuple[int, int, int]:
@@ -96,7 +96,7 @@ class Segment:
         written: set[int] = set()
         read: set[int] = set()
         for dispatch in self.dispatches:
-            outputs = {id(t.buffer) for t in dispatch.bindings[len(dispatch.bindings) - dispatch.writes:]}
+            outputs = {id(dispatch.bindings[i].buffer) for i in dispatch.writes}
             inputs = {id(t.buffer) for t in dispatch.bindings} - outputs
             if (inputs | outputs) & written or outputs & read:
                 device.barrier(cb, compute, vk.VK_ACCESS_SHADER_WRITE_BIT, compute, read_write)

@@ -1,4 +1,5 @@
-// The weight layout shared by linear_gemv.comp and linear_gemm.comp (bindings 1-4).
+// The weight layout shared by linear_gemv.comp and linear_gemm.comp (bindings 1-4; with
+// -DGATED a second layer, `up`, at bindings 6-9: the kernels then write up * silu(gate)).
 //
 // Weights are stored group-major: for each group of 8 inputs, the output channels follow one
 // another, so an invocation reads 4 neighbouring channels (a "quad") with one 16-byte load and
@@ -9,40 +10,68 @@
 // Quantized: w = code * scale[block][oc] + zero[block][oc]; scales, zeros and bias are float at
 // every precision (an fp16 zero point would shift all of its block's weights alike).
 #if defined(DENSE)
-layout(std430, binding = 1) readonly buffer W { STORE weight[]; };
+#define WEIGHT_T STORE
 #else
-layout(std430, binding = 1) readonly buffer W { uvec4 weight[]; };
+#define WEIGHT_T uvec4
 #endif
-layout(std430, binding = 2) readonly buffer Scales { vec4 scales[]; };
-layout(std430, binding = 3) readonly buffer Zeros { vec4 zeros[]; };
-layout(std430, binding = 4) readonly buffer Bias { vec4 bias[]; };
+// one layer's buffers, from binding B on
+#define LAYER_BUFFERS(B, L) \
+    layout(std430, binding = B) readonly buffer L##W { WEIGHT_T L##weight[]; }; \
+    layout(std430, binding = B + 1) readonly buffer L##S { vec4 L##scales[]; }; \
+    layout(std430, binding = B + 2) readonly buffer L##Z { vec4 L##zeros[]; }; \
+    layout(std430, binding = B + 3) readonly buffer L##B { vec4 L##bias[]; };
+LAYER_BUFFERS(1, gate_)
+#ifdef GATED
+LAYER_BUFFERS(6, up_)
+// layer 0 is the gate (or the only layer), layer 1 the up projection; `layer` is a constant
+// at every call, so the choice folds away
+#define PICK(layer, gate, up) ((layer) == 0u ? (gate) : (up))
+#else
+#define PICK(layer, gate, up) (gate)
+#endif
 
 // The quad's dequantized weights for inputs 8g .. 8g + 7: lo[c] holds inputs 0-3 of channel
 // 4q + c, hi[c] inputs 4-7.
-void load_group(uint g, uint q, uint quads, uint blk, out vec4 lo[4], out vec4 hi[4]) {
+void load_group(uint layer, uint g, uint q, uint quads, uint blk, out vec4 lo[4], out vec4 hi[4]) {
 #if defined(DENSE)
     for (uint c = 0u; c < 4u; c++) {
         uint at = ((g * quads + q) * 4u + c) * 8u;
-        lo[c] = vec4(float(weight[at]), float(weight[at + 1u]), float(weight[at + 2u]), float(weight[at + 3u]));
-        hi[c] = vec4(float(weight[at + 4u]), float(weight[at + 5u]), float(weight[at + 6u]), float(weight[at + 7u]));
+        float v[8];
+        for (uint i = 0u; i < 8u; i++) v[i] = float(PICK(layer, gate_weight[at + i], up_weight[at + i]));
+        lo[c] = vec4(v[0], v[1], v[2], v[3]);
+        hi[c] = vec4(v[4], v[5], v[6], v[7]);
     }
 #else
     // unpackUnorm4x8 turns 4 bytes into 4 floats / 255: the 255 is folded into the scale
-    vec4 scale = scales[blk * quads + q] * 255.0;
-    vec4 zero = zeros[blk * quads + q];
+    vec4 scale = PICK(layer, gate_scales[blk * quads + q], up_scales[blk * quads + q]) * 255.0;
+    vec4 zero = PICK(layer, gate_zeros[blk * quads + q], up_zeros[blk * quads + q]);
 #if defined(Q4)
-    uvec4 word = weight[g * quads + q];
+    uvec4 word = PICK(layer, gate_weight[g * quads + q], up_weight[g * quads + q]);
     for (uint c = 0u; c < 4u; c++) {
         lo[c] = unpackUnorm4x8(word[c] & 0x0F0F0F0Fu) * scale[c] + zero[c];
         hi[c] = unpackUnorm4x8((word[c] >> 4u) & 0x0F0F0F0Fu) * scale[c] + zero[c];
     }
 #else
-    uvec4 first = weight[(2u * g) * quads + q];
-    uvec4 second = weight[(2u * g + 1u) * quads + q];
+    uvec4 first = PICK(layer, gate_weight[(2u * g) * quads + q], up_weight[(2u * g) * quads + q]);
+    uvec4 second = PICK(layer, gate_weight[(2u * g + 1u) * quads + q], up_weight[(2u * g + 1u) * quads + q]);
     for (uint c = 0u; c < 4u; c++) {
         lo[c] = unpackUnorm4x8(first[c]) * scale[c] + zero[c];
         hi[c] = unpackUnorm4x8(second[c]) * scale[c] + zero[c];
     }
 #endif
 #endif
+}
+
+vec4 layer_bias(uint layer, uint q) {
+    return pc.has_bias != 0u ? PICK(layer, gate_bias[q], up_bias[q]) : vec4(0.0);
+}
+
+// x . W of one group of 8 inputs (xa, xb) for the quad's 4 channels
+vec4 quad_dot(vec4 lo[4], vec4 hi[4], vec4 xa, vec4 xb) {
+    return vec4(dot(lo[0], xa) + dot(hi[0], xb), dot(lo[1], xa) + dot(hi[1], xb),
+                dot(lo[2], xa) + dot(hi[2], xb), dot(lo[3], xa) + dot(hi[3], xb));
+}
+
+vec4 silu(vec4 v) {
+    return v / (1.0 + exp(-v));
 }

@@ -13,7 +13,7 @@ from mnngpu.backend import BackendConfig, Node, Tensor
 from mnngpu.errors import InputError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime import shapes
+from mnngpu.runtime import fusion, shapes
 from mnngpu.runtime.kv import KVMeta
 from tests import reference
 from tests.conftest import backend_or_skip
@@ -58,12 +58,15 @@ class OneOp:
         backend.onResizeEnd()
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        return self.every_output(*arrays)[0]
+
+    def every_output(self, *arrays: np.ndarray) -> list[np.ndarray]:
         for tensor, array in zip(self.inputs, arrays):
             if tensor.host is None:
                 self.backend.upload(tensor, np.asarray(array))
         self.execution.onExecute(self.inputs, self.outputs)
         self.backend.finish()
-        return self.backend.download(self.outputs[0])
+        return [self.backend.download(t) for t in self.outputs]
 
 
 def run(backend, node, arrays, host=()):
@@ -145,6 +148,40 @@ def test_linear_split_across_bindings(vulkan, rows):
     got = run(backend, node, [x])
     assert [p.rows for p in node.weights["vulkan"].parts] == [100, 100, 50]
     close(got.reshape(rows, 250), linear_reference(x.reshape(rows, 256), dense, weight.bias), 1e-5)
+
+
+def fused_linear(backend, kind: str, weights: list[QuantizedLinear]) -> Node:
+    """runtime/fusion.py's LinearGroup / GatedLinear node over Convolutions packed for `backend`."""
+    members = [conv_node(w) for w in weights]
+    for member in members:
+        backend.rearrange(member)
+    return Node(kind, "fused", fusion.FusedLinearParam(members))
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_linear_group_gives_each_members_output(vulkan, rows):
+    rng = np.random.default_rng(3 + rows)
+    layers = [quantized_linear(rng, oc, 128, 4, 64, bias=True) for oc in (96, 32, 30)]
+    x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
+    backend = make_backend(vulkan)
+    outs = OneOp(backend, fused_linear(backend, "LinearGroup", [w for w, _ in layers]), [x]).every_output(x)
+    for got, (weight, dense) in zip(outs, layers, strict=True):
+        close(got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias), 1e-5)
+
+
+@pytest.mark.parametrize("bits, block", [(4, 64), (8, 32), (4, 4)])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_gated_linear_is_up_times_silu_gate(vulkan, bits, block, rows):
+    rng = np.random.default_rng(5 + rows + bits)
+    (gate, gate_w), (up, up_w) = (quantized_linear(rng, 200, 128, bits, block, bias=True) for _ in range(2))
+    x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
+    backend = make_backend(vulkan, max_binding_bytes=8000)    # the layers split into parts, alike
+    node = fused_linear(backend, "GatedLinear", [gate, up])
+    assert len(node.param.members[0].weights["vulkan"].parts) >= 2
+    got = run(backend, node, [x])
+    g = linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
+    u = linear_reference(x.reshape(rows, 128), up_w, up.bias)
+    close(got.reshape(rows, 200), reference.silu_mul(u, g), 1e-5)
 
 
 # ---- LayerNorm ------------------------------------------------------------------------------------
@@ -249,6 +286,54 @@ def test_attention_beyond_the_cache_is_an_input_error(vulkan):
     inputs = attention_inputs(np.random.default_rng(0), 1, 2, 1, 16)
     with pytest.raises(InputError, match="max_all_tokens"):
         OneOp(backend, attention_node(), inputs)(*inputs)
+
+
+# ---- RoPE: the fused rotate-half against numpy ----
+
+def run_graph(backend, ops, constants, arrays: list[np.ndarray], output: int):
+    """The ops fused for `backend` as static_module does, resized and run in a Pipeline."""
+    from mnngpu.backends.cpu import CPUBackend
+    from mnngpu.runtime.pipeline import Pipeline
+
+    fused = fusion.fuse(ops, set(backend.executions), graph_outputs={output})
+    tensors: list[Tensor | None] = [None] * (output + 1)
+    pipeline = Pipeline(fused, backend, CPUBackend(BackendConfig(precision="high", thread_num=1), backend.kv_meta))
+    for i, array in enumerate(arrays):
+        tensors[i] = Tensor(array.shape, array.dtype, f"in{i}")
+        pipeline.bind_input(tensors[i])
+    for i, value in constants.items():
+        tensors[i] = Tensor(value.shape, value.dtype, f"c{i}", host=value)
+    pipeline.resize(tensors)
+    for i, array in enumerate(arrays):
+        backend.upload(tensors[i], array)
+    pipeline.run()
+    return fused, pipeline, pipeline.backend_of(tensors[output]).download(tensors[output])
+
+
+@pytest.mark.parametrize("split, cos_shape", [(16, (1, 5, 1, 32)), (12, (5, 1, 32)), (16, (1, 5, 3, 32))])
+def test_rope_is_one_dispatch(vulkan, split, cos_shape):
+    rng = np.random.default_rng(13)
+    x = rng.normal(0, 1, (1, 5, 3, 32)).astype(np.float32)
+    cos, sin = (rng.normal(0, 1, cos_shape).astype(np.float32) for _ in range(2))
+    backend = make_backend(vulkan)
+    fused, pipeline, got = run_graph(backend, *reference.rotate_half_graph(split, axis=3), [x, cos, sin], 17)
+    assert [op.node.type for op in fused] == ["RoPE"] and pipeline.backend_of(pipeline.steps[0].outputs[0]) is backend
+    rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
+    close(got, x.astype(np.float64) * cos + rotated * sin)
+
+
+def test_rope_that_is_no_rotate_half_runs_on_the_cpu_backup(vulkan):
+    """Slices along another axis: the fused node is declined, and the CPU backup evaluates the ops."""
+    rng = np.random.default_rng(14)
+    x = rng.normal(0, 1, (1, 4, 4, 4)).astype(np.float32)
+    cos, sin = (rng.normal(0, 1, (1, 4, 4, 4)).astype(np.float32) for _ in range(2))
+    backend = make_backend(vulkan)
+    ops, constants = reference.rotate_half_graph(2, axis=2)
+    ops[4].node.param.axis = 2
+    fused, pipeline, got = run_graph(backend, ops, constants, [x, cos, sin], 17)
+    assert [op.node.type for op in fused] == ["RoPE"] and pipeline.backend_of(pipeline.steps[-1].outputs[0]) is not backend
+    rotated = np.concatenate([-x[:, :, 2:], x[:, :, :2]], axis=2)
+    close(got, x.astype(np.float64) * cos + rotated * sin)
 
 
 # ---- elementwise ----------------------------------------------------------------------------------

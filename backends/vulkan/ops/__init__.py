@@ -1,13 +1,18 @@
-"""The Vulkan backend's op table: op type -> Execution class."""
+"""The Vulkan backend's op table: op type -> Execution class. LinearGroup, GatedLinear and RoPE
+are runtime/fusion.py's fused nodes: listing them here opts this backend into those rewrites."""
 
 from mnngpu.backends.vulkan.ops.attention import VulkanAttention
 from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
 from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
+from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,
+    "LinearGroup": VulkanLinear,
+    "GatedLinear": VulkanLinear,
+    "RoPE": VulkanRoPE,
     "LayerNorm": VulkanLayerNorm,
     "Attention": VulkanAttention,
     "BinaryOp": VulkanBinary,

@@ -61,10 +61,10 @@ class VulkanAttention(VulkanExecution):
         out = outputs[0].device = backend.new_tensor(outputs[0])
         scores = backend.scratch(seq * heads * capacity * 4)
         self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, self.cache.k, self.cache.v],
-                      pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=2)
+                      pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=(-2, -1))
         scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
         self.dispatch(backend.kernel_name("attention"), [q, self.cache.k, self.cache.v, backend.step, scores, out],
-                      pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale)), seq * heads, writes=2)
+                      pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale)), seq * heads, writes=(-2, -1))
 
     def onExecute(self, inputs, outputs):
         meta = self.backend.kv_meta

@@ -18,7 +18,7 @@ class VulkanExecution(Execution):
         return True
 
     def dispatch(self, kernel_name: str, bindings: list[DeviceTensor], push: bytes,
-                 groups: int | tuple[int, int, int], writes: int = 1) -> None:
+                 groups: int | tuple[int, int, int], writes: tuple[int, ...] = (-1,)) -> None:
         """Record one dispatch into the backend's open segment: `groups` workgroups laid out by
         grid() for group_index(), or an explicit (x, y, z) for kernels that read their own ids."""
         backend = self.backend

@@ -124,20 +124,51 @@ def pack_linear(backend, weight: QuantizedLinear) -> PackedLinear:
                         weight.ic // block, parts)
 
 
+def _members(node) -> list:
+    """The Convolution nodes an Execution runs: the node itself, or a fused node's members."""
+    return list(node.param.members) if node.type in ("LinearGroup", "GatedLinear") else [node]
+
+
 class VulkanLinear(VulkanExecution):
+    """Convolution; LinearGroup (several layers on one input, one output each); GatedLinear
+    (members [gate, up], one output up * silu(gate), in one kernel)."""
+
+    @classmethod
+    def supports(cls, inputs, outputs, node):
+        packed = [m.weights.get("vulkan") for m in _members(node)]
+        if any(p is None for p in packed):
+            return False
+        if node.type == "GatedLinear":
+            gate, up = packed
+            return (gate.kind, gate.ic, gate.oc, gate.block_size) == (up.kind, up.ic, up.oc, up.block_size)
+        return True
+
     def onResize(self, inputs, outputs):
         backend = self.backend
-        packed: PackedLinear = self.node.weights["vulkan"]
+        packed = [m.weights["vulkan"] for m in _members(self.node)]
         x = inputs[0].device
-        y = outputs[0].device = backend.new_tensor(outputs[0])
-        n = inputs[0].size // packed.ic
+        n = inputs[0].size // packed[0].ic
+        if self.node.type == "GatedLinear":
+            self.record(packed[0], x, backend.new_tensor(outputs[0]), n, outputs[0], up=packed[1])
+            return
+        for layer, out in zip(packed, outputs):
+            self.record(layer, x, backend.new_tensor(out), n, out)
+
+    def record(self, packed: PackedLinear, x: DeviceTensor, y: DeviceTensor, n: int, out, up=None) -> None:
+        out.device = y
         gemv = n == 1
-        kernel = f"linear_{'gemv' if gemv else 'gemm'}_{packed.kind}"
-        spare = backend.placeholder
-        for part in packed.parts:
+        kernel = f"linear_{'gemv' if gemv else 'gemm'}_{packed.kind}" + ("_gated" if up is not None else "")
+        spare = self.backend.placeholder
+        for i, part in enumerate(packed.parts):
             push = pack_push("8I", part.rows, packed.ic, packed.block_size, packed.n_blocks, part.row0, packed.oc,
                              int(part.bias is not None), n)
-            bindings = [x, part.weight, part.scales or spare, part.zeros or spare, part.bias or spare, y]
+            bindings = [x, *_part_buffers(part, spare), y]
+            if up is not None:
+                bindings += _part_buffers(up.parts[i], spare)
             quad_groups = -(-part.rows // (QUAD * GROUP_SIZE))
             groups = quad_groups if gemv else (quad_groups, -(-n // GEMM_TILE_ROWS), 1)
-            self.dispatch(kernel, bindings, push, groups)
+            self.dispatch(kernel, bindings, push, groups, writes=(5,))
+
+
+def _part_buffers(part: LinearPart, spare: DeviceTensor) -> list[DeviceTensor]:
+    return [part.weight, part.scales or spare, part.zeros or spare, part.bias or spare]

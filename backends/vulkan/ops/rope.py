@@ -1,0 +1,33 @@
+"""The fused rotary embedding (runtime/fusion.py's "RoPE" node): one dispatch for the seven ops
+of rotate-half. Where the pattern does not hold at resize (rope_split is None), or cos and sin
+are not rows of head_dim broadcast over x, the node is declined and runs on the CPU backup."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
+from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, contiguous_strides, padded
+from mnngpu.backends.vulkan.program import pack_push
+from mnngpu.runtime.fusion import rope_split
+
+
+class VulkanRoPE(VulkanExecution):
+    @classmethod
+    def supports(cls, inputs, outputs, node):
+        x, cos, sin = inputs[:3]
+        rows_of_dim = all(t.shape and t.shape[-1] == x.shape[-1]
+                          and tuple(np.broadcast_shapes(t.shape, x.shape)) == tuple(x.shape) for t in (cos, sin))
+        return rows_of_dim and rope_split(node, inputs) is not None
+
+    def onResize(self, inputs, outputs):
+        x, cos, sin = inputs[:3]
+        out = outputs[0]
+        y = out.device = self.backend.new_tensor(out)
+        outer = tuple(x.shape[:-1])
+        strides = [broadcast_strides(t.shape, x.shape)[:-1] for t in (cos, sin)]
+        shape, (cos_strides, sin_strides, _) = coalesce(outer, *strides, contiguous_strides(outer))
+        what = f"RoPE {self.node.name}"
+        push = pack_push("4I6I6i6i", out.size, x.shape[-1], rope_split(self.node, inputs), len(shape),
+                         *padded(shape, what), *padded(cos_strides, what), *padded(sin_strides, what))
+        self.dispatch("rope", [x.device, cos.device, sin.device, y], push, element_groups(out.size))
