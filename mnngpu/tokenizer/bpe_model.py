@@ -203,12 +203,12 @@ class BpeWords:
         self._byte_level = byte_level
         self._byte_fallback = byte_fallback and not byte_level
         self._unk_id, self._fuse_unk = unk_id, fuse_unk
-        self._char_ids = np.full(CODE_POINTS, NO_ID, np.int64)
+        self._char_ids = np.full(CODE_POINTS, NO_ID, np.int32)
         for token, token_id in vocab.items():
             if len(token) == 1:
                 self._char_ids[ord(token)] = token_id
         if byte_level:
-            self._byte_ids = self._char_ids[[ord(c) for c in BYTE_TO_CHAR]].copy()
+            self._byte_ids = self._char_ids[[ord(c) for c in BYTE_TO_CHAR]].astype(np.int64)
         elif byte_fallback:
             self._byte_ids = np.array([vocab.get(f"<0x{b:02X}>", NO_ID) for b in range(256)], np.int64)
         else:

@@ -69,8 +69,8 @@ class CodePointMap:
     characters not asked before."""
 
     def __init__(self, probe: Callable[[list[str]], list[tuple[str, int]]]):
-        self.offset = np.zeros(CODE_POINTS, np.int64)
-        self.length = np.zeros(CODE_POINTS, np.int64)
+        self.offset = np.zeros(CODE_POINTS, np.int32)
+        self.length = np.zeros(CODE_POINTS, np.int16)
         self.flags = np.full(CODE_POINTS, UNKNOWN, np.uint8)
         self.pool = np.zeros(1024, np.uint32)      # grows by doubling; pool_used entries are set
         self.pool_used = 0
