@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
     "linear_gemm": LINEAR,
     "kv_store": FLOATS,
     "attention": FLOATS,
+    "attention_rows": FLOATS,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

@@ -14,6 +14,7 @@ with shaderFloat16 and 16-bit storage buffers, the KV cache and unquantized weig
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -25,11 +26,12 @@ from mnngpu.backends.vulkan.ops.attention import KVCache
 from mnngpu.backends.vulkan.ops.matmul import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
-from mnngpu.errors import ModelFormatError
+from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.module_pool import PREFILL_LEN
 
 DEFAULT_MAX_TOKENS = 2048
+VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chosen by device type otherwise
 
 
 class VulkanBackend(Backend):
@@ -44,6 +46,7 @@ class VulkanBackend(Backend):
         self.store_dtype = np.dtype(np.float16 if self.fp16 else np.float32)  # KV cache, dense weights
         self.max_binding_bytes = self.device.max_binding_bytes
         self.max_tokens = int(getattr(config, "max_all_tokens", None) or DEFAULT_MAX_TOKENS)
+        self.variant = self._variant()
         self.arena = MemoryArena(self.device)
         self.step_arena = MemoryArena(self.device, host_visible=True)
         self.descriptors = DescriptorAllocator(self.device)
@@ -54,6 +57,15 @@ class VulkanBackend(Backend):
         self._scratch: dict[int, DeviceTensor] = {}
         self._segments: list[Segment] = []
         self._due: list[Segment] = []
+
+    def _variant(self) -> str:
+        """Kernels for CPU devices avoid barriers and shared memory; GPUs get workgroup kernels."""
+        wanted = os.environ.get(VARIANT_ENV)
+        if wanted is None:
+            return "cpu" if self.device.is_cpu else "gpu"
+        if wanted not in ("cpu", "gpu"):
+            raise ConfigError(f"{VARIANT_ENV}={wanted!r}: expected cpu or gpu", field=VARIANT_ENV)
+        return wanted
 
     # ---- load ---------------------------------------------------------------------------------
     def rearrange(self, node: Node) -> None:

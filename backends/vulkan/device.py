@@ -20,6 +20,7 @@ WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF  # vk.VK_WHOLE_SIZE overflows the binding's cffi
 PUSH_CONSTANT_BYTES = 128        # the least every Vulkan device guarantees
 FENCE_TIMEOUT_NS = 600 * 10**9
 DEVICE_ENV = "MNNGPU_VULKAN_DEVICE"  # index into vkEnumeratePhysicalDevices, to pick one
+CPU_DEVICE = 4                        # VK_PHYSICAL_DEVICE_TYPE_CPU
 
 INSTALL_HINT = ("install a Vulkan loader and driver: on Debian/Ubuntu `apt install libvulkan1 mesa-vulkan-drivers` "
                 "(lavapipe, a CPU driver) or your GPU vendor's driver, and `pip install 'mnngpu[vulkan]'`")
@@ -59,6 +60,7 @@ class VulkanDevice:
         self.physical = self._pick_physical_device()
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
         self.name = props.deviceName
+        self.is_cpu = props.deviceType == CPU_DEVICE   # lavapipe: barriers and shared memory are slow
         self.api_version = props.apiVersion
         self.driver_version = props.driverVersion
         self.max_binding_bytes = int(props.limits.maxStorageBufferRange)

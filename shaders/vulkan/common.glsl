@@ -5,8 +5,10 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #define STORE float16_t
+#define STORE4 f16vec4
 #else
 #define STORE float
+#define STORE4 vec4
 #endif
 
 // Dispatches larger than maxComputeWorkGroupCount.x are laid out as a 2-D grid of groups.

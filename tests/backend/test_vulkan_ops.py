@@ -222,14 +222,16 @@ def attention_inputs(rng, seq, heads, kv_heads, dim):
     return [q, k, v, np.zeros((1, 1, 1, 1), np.float32)]
 
 
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
 @pytest.mark.parametrize("precision, rtol", [("high", 1e-5), ("low", 3e-3)])
 @pytest.mark.parametrize("heads, kv_heads, dim, scale, output_c4", [(4, 2, 32, 0.0, True), (2, 2, 16, 0.3, False),
-                                                                     (6, 1, 64, 0.0, False)])
-def test_attention_prefill_then_decode(vulkan, precision, rtol, heads, kv_heads, dim, scale, output_c4):
+                                                                     (6, 1, 64, 0.0, False), (2, 1, 18, 0.0, False)])
+def test_attention_prefill_then_decode(vulkan, variant, precision, rtol, heads, kv_heads, dim, scale, output_c4):
     """A padded prefill (8 rows, 5 real) then two decode steps: the cache holds exactly the real
-    tokens, the padded rows are overwritten, and each row sees its causal past."""
+    tokens, the padded rows are overwritten, and each row sees its causal past. Both kernel
+    families (head_dim 18 takes the workgroup kernel in either)."""
     rng = np.random.default_rng(heads * dim)
-    backend = make_backend(vulkan, precision)
+    backend = make_backend(vulkan, precision, variant=variant)
     meta = backend.kv_meta
     node = attention_node(scale=scale, output_c4=output_c4)
     prefill_in = attention_inputs(rng, 8, heads, kv_heads, dim)

@@ -2,8 +2,10 @@
 
 Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim), v (the same values, seq
 first), mask (not read: the kernel masks causally from the kept length). Two dispatches: append
-this step's k and v at the kept length, then attend. The kept length changes every step while the
-commands are recorded once, so onExecute writes it into the backend's step buffer, which both
+this step's k and v at the kept length, then attend: `attention` (a workgroup per row and
+head, scores through a scratch buffer; GPUs) or `attention_rows` (an invocation per row and head,
+online softmax, no barriers; CPU devices). The kept length changes every step while the
+commands are recorded once, so onExecute writes it into the backend's step buffer, which the
 kernels read, before the submit.
 """
 
@@ -59,12 +61,16 @@ class VulkanAttention(VulkanExecution):
         capacity = self.cache.capacity
         q, k, v = (t.device for t in inputs[:3])
         out = outputs[0].device = backend.new_tensor(outputs[0])
-        scores = backend.scratch(seq * heads * capacity * 4)
         self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, self.cache.k, self.cache.v],
                       pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=(-2, -1))
         scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
-        self.dispatch(backend.kernel_name("attention"), [q, self.cache.k, self.cache.v, backend.step, scores, out],
-                      pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale)), seq * heads, writes=(-2, -1))
+        push = pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale))
+        cached = [q, self.cache.k, self.cache.v, backend.step]
+        if backend.variant == "cpu" and dim % 4 == 0:
+            self.dispatch(backend.kernel_name("attention_rows"), [*cached, out], push, element_groups(seq * heads))
+        else:
+            scores = backend.scratch(seq * heads * capacity * 4)
+            self.dispatch(backend.kernel_name("attention"), [*cached, scores, out], push, seq * heads, writes=(-2, -1))
 
     def onExecute(self, inputs, outputs):
         meta = self.backend.kv_meta

@@ -1,0 +1,47 @@
+#version 450
+// Causal attention with one invocation per query row and head, for CPU devices (lavapipe),
+// where barriers and shared memory are slow: an online softmax over the visible cache entries
+// 0 .. past + s, keeping the running max, sum and weighted values in registers.
+// Same bindings and push constants as attention.comp, without the scores buffer; head_dim a
+// multiple of 4.
+#include "common.glsl"
+#define MAX_HEAD_DIM4 64u
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer Q { vec4 q[]; };
+layout(std430, binding = 1) readonly buffer KC { STORE4 k_cache[]; };
+layout(std430, binding = 2) readonly buffer VC { STORE4 v_cache[]; };
+layout(std430, binding = 3) readonly buffer Step { uint past; } step;
+layout(std430, binding = 4) writeonly buffer Out { vec4 o[]; };
+layout(push_constant) uniform Push {
+    uint seq; uint heads; uint kv_heads; uint head_dim; uint capacity; float scale;
+} pc;
+
+void main() {
+    uint item = global_index();
+    if (item >= pc.seq * pc.heads) return;
+    uint s = item / pc.heads;
+    uint h = item % pc.heads;
+    uint g = h / (pc.heads / pc.kv_heads);
+    uint D4 = pc.head_dim / 4u;
+    uint visible = min(step.past + s + 1u, pc.capacity);
+    vec4 q_row[MAX_HEAD_DIM4];
+    vec4 acc[MAX_HEAD_DIM4];
+    for (uint d = 0u; d < D4; d++) {
+        q_row[d] = q[item * D4 + d] * pc.scale;
+        acc[d] = vec4(0.0);
+    }
+    float running_max = -3.0e38;
+    float running_sum = 0.0;
+    for (uint t = 0u; t < visible; t++) {
+        uint base = (g * pc.capacity + t) * D4;
+        float score = 0.0;
+        for (uint d = 0u; d < D4; d++) score += dot(q_row[d], vec4(k_cache[base + d]));
+        float next_max = max(running_max, score);
+        float rescale = exp(running_max - next_max);
+        float p = exp(score - next_max);
+        running_sum = running_sum * rescale + p;
+        for (uint d = 0u; d < D4; d++) acc[d] = acc[d] * rescale + p * vec4(v_cache[base + d]);
+        running_max = next_max;
+    }
+    for (uint d = 0u; d < D4; d++) o[item * D4 + d] = acc[d] / running_sum;
+}
