@@ -18,7 +18,7 @@ import numpy as np
 
 from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
-from mnngpu.errors import InputError, MnnGpuError
+from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
@@ -75,14 +75,14 @@ class Llm:
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
-        validate_model(cfg, self.embedding)
+        net = validate_model(cfg, self.embedding)
         from mnngpu.sampler import Sampler
 
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
         report("weights packed", 0, 1)
-        prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime)
+        prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime, net=net)
         self.pool = ModulePool(prefill, cfg.all_logits)
         report("weights packed", 1, 1)
         self._loaded = True
@@ -115,6 +115,8 @@ class Llm:
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InputError(f"expected text (str), got {type(text).__name__}", field="prompt")
         return self.tokenizer.encode(text)
 
     def tokenizer_decode(self, token: int) -> str:
@@ -191,12 +193,22 @@ class Llm:
 
     # ---- generation --------------------------------------------------------------------------
     def _last_logits(self, ids: list[int]) -> np.ndarray:
-        return np.asarray(self.forward(ids))[0, -1]
+        logits = np.asarray(self.forward(ids))[0, -1]
+        if not np.isfinite(logits).all():
+            raise ModelFormatError("the model computed non-finite logits (damaged weights?)",
+                                   path=self.config.weight_path)
+        return logits
+
+    def _room_left(self) -> bool:
+        """Whether one more token fits in max_all_tokens."""
+        return self.runtime.kv_meta.kept + 1 <= self.config.max_all_tokens
 
     def generate(self, ids, max_new_tokens: int | None = None, on_token=None) -> list[int]:
         """New ids after `ids`, until a stop id or max_new_tokens (the config's when None)."""
         self._require_loaded()
-        limit = self.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        limit = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
+            raise InputError(f"expected a non-negative integer, got {limit!r}", field="max_new_tokens")
         prompt_ids = self._check_ids(ids)
         history = list(self.context.history_tokens) + prompt_ids
         timing = {"prefill": True, "t": time.perf_counter()}
@@ -223,10 +235,14 @@ class Llm:
                 ended_on_stop_id.append(token)
             return stop
 
+        def on_new_token(token: int) -> bool:
+            stop = bool(on_token(token)) if on_token is not None else False
+            return stop or not self._room_left()  # like MNN, a reply ends at max_all_tokens
+
         ctx.prompt_len = len(prompt_ids)
         ctx.gen_seq_len = 0
-        out = ar.generate(forward, sample, is_stop, prompt_ids, limit, on_token)
-        if out and not ended_on_stop_id:
+        out = ar.generate(forward, sample, is_stop, prompt_ids, int(limit), on_new_token)
+        if out and not ended_on_stop_id and self._room_left():
             forward([out[-1]])  # as in MNN, every emitted token enters the KV cache; only a stop id does not
         ctx.gen_seq_len = len(out)
         ctx.output_tokens = list(out)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnngpu.format import read_net
+from mnngpu.format import Net, read_net
 from mnngpu.format.weights import WeightFile
 from mnngpu.runtime.pipeline_module import PipelineModule
 from mnngpu.runtime.schedule import RuntimeManager
@@ -44,7 +44,9 @@ class NetModule:
 
 class Module:
     @staticmethod
-    def load(model_path: Path, weight_path: Path, config: ModuleConfig, runtime: RuntimeManager) -> NetModule:
-        net = read_net(model_path)
+    def load(model_path: Path, weight_path: Path, config: ModuleConfig, runtime: RuntimeManager,
+             net: Net | None = None) -> NetModule:
+        """`net`: the already-parsed graph of model_path, when the caller has one."""
+        net = net if net is not None else read_net(model_path)
         weights = WeightFile(weight_path)
         return NetModule(PipelineModule(net, weights, runtime, config.rearrange), config)

@@ -8,12 +8,31 @@ when the backend declines it, with copies inserted where a tensor changes backen
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from mnngpu.backend import Backend, Execution, Node, Tensor
+from mnngpu.errors import ModelFormatError
 from mnngpu.runtime import host_ops, shapes
+
+
+# What numpy/numba raise when a damaged graph's values (a reshape target, an axis, a slice
+# bound) do not fit the tensors: reported as a format error naming the op.
+NUMERIC_ERRORS = (ArithmeticError, ValueError, IndexError, TypeError)
+
+
+def _named_error(node: Node, what: str, exc: Exception) -> ModelFormatError:
+    return ModelFormatError(f"op {node.type} {what}: {exc}", field=node.name)
+
+
+@contextmanager
+def op_errors_named(node: Node, what: str):
+    try:
+        yield
+    except NUMERIC_ERRORS as exc:
+        raise _named_error(node, what, exc) from exc
 
 
 @dataclass
@@ -56,11 +75,12 @@ class Pipeline:
             backend.onResizeBegin()
         for op in self.ops:
             inputs = [tensors[i] for i in op.inputs]
-            if op.node.type in host_ops.SHAPE_OPS or (
-                    op.node.type in host_ops.HOST_OPS and all(t.host is not None for t in inputs)):
-                self._fold(op, inputs, tensors)
-            else:
-                self._place(op, inputs, tensors)
+            with op_errors_named(op.node, "does not fit its inputs"):
+                if op.node.type in host_ops.SHAPE_OPS or (
+                        op.node.type in host_ops.HOST_OPS and all(t.host is not None for t in inputs)):
+                    self._fold(op, inputs, tensors)
+                else:
+                    self._place(op, inputs, tensors)
         for backend in {self.backend, self.cpu_backup}:
             backend.onResizeEnd()
 
@@ -84,7 +104,6 @@ class Pipeline:
             backend = self.cpu_backup
             execution = backend.onCreate(inputs, outputs, op.node)
         if execution is None:
-            from mnngpu.errors import ModelFormatError
             raise ModelFormatError(f"no backend can run op type {op.node.type}", field=op.node.name)
         inputs = [self._on_backend(t, backend) for t in inputs]
         for tensor in outputs:
@@ -113,8 +132,12 @@ class Pipeline:
         return copy
 
     def run(self) -> None:
-        for step in self.steps:
-            step.execution.onExecute(step.inputs, step.outputs)
+        step = None
+        try:
+            for step in self.steps:
+                step.execution.onExecute(step.inputs, step.outputs)
+        except NUMERIC_ERRORS as exc:
+            raise _named_error(step.execution.node, "failed on this model's values", exc) from exc
         self.backend.finish()
         if self.cpu_backup is not self.backend:
             self.cpu_backup.finish()

@@ -26,9 +26,9 @@ HOST_INPUTS = frozenset({"logits_index"})
 
 def decode_weights(op, weights: WeightFile) -> dict:
     if op.type == "Convolution":
-        return {"weight": read_linear(weights, op.param)}
+        return {"weight": read_linear(weights, op.param, op.name)}
     if op.type == "LayerNorm":
-        gamma, beta = read_layernorm(weights, op.param)
+        gamma, beta = read_layernorm(weights, op.param, op.name)
         return {"gamma": gamma, "beta": beta}
     return {}
 
