@@ -13,6 +13,7 @@ import numpy as np
 
 from mnngpu.errors import BackendUnavailableError
 
+FIRST_BLOCK_BYTES = 1 << 20   # blocks double from here up to BLOCK_BYTES, so a small backend stays small
 BLOCK_BYTES = 64 << 20
 MIN_BUFFER_BYTES = 16
 
@@ -59,7 +60,8 @@ class MemoryArena:
         align = max(int(needs.alignment), self.device.min_offset_alignment)
         offset = -(-self._block_used // align) * align
         if not self._blocks or offset + needs.size > self._block_size:
-            self._new_block(max(BLOCK_BYTES, int(needs.size)))
+            grown = min(BLOCK_BYTES, FIRST_BLOCK_BYTES << len(self._blocks))
+            self._new_block(max(grown, int(needs.size)))
             offset = 0
         memory, mapping = self._blocks[-1]
         vk.vkBindBufferMemory(dev, handle, memory, offset)
