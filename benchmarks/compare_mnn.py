@@ -4,9 +4,10 @@
 
 Each measurement runs in a fresh process, the engines alternating (mnngpu, MNN, mnngpu, MNN, ...),
 so that neither gets a warmer page cache or a quieter machine. A process loads the model with the
-folder's own settings (plus thread_num), warms up once (for mnngpu: loads the compiled kernels from
-numba's cache), then times a prefill of `--prompt` tokens and `--decode` greedy decode steps after
-it, both through `forward()` with an argmax in Python, the same work for both engines. It reports
+folder's own settings (plus thread_num), warms up with one run of the same prompt (as llm_bench drops
+its first run; for mnngpu this loads the compiled kernels from numba's cache), then times a prefill
+of `--prompt` tokens and `--decode` greedy decode steps after it, both through `forward()` with an
+argmax in Python, the same work for both engines. It reports
 load time, prefill and decode tok/s, peak RSS after load and at the end, and the ratios mnngpu/MNN.
 Decode GB/s is the weight file's size times decode tok/s, next to the machine's read bandwidth.
 """
@@ -75,7 +76,7 @@ def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int
     llm = _load(engine, model_dir, threads)
     load_s = time.perf_counter() - start
     rss_load = peak_rss_mb()
-    _prefill_then_decode(llm, min(prompt, 16), 2)   # warm-up: lazy kernel loading, first touches
+    _prefill_then_decode(llm, prompt, 4)   # warm-up, as llm_bench drops its first run: kernels, first touches
     prefill_s, decode_s = _prefill_then_decode(llm, prompt, decode)
     return {"engine": engine, "load_s": load_s, "prefill_tok_s": prompt / prefill_s,
             "decode_tok_s": decode / decode_s if decode else 0.0, "rss_load_mb": rss_load,
@@ -170,7 +171,8 @@ def main() -> None:
                   f"prefill {result['prefill_tok_s']:7.2f} tok/s  load {result['load_s']:5.2f} s  "
                   f"peak RSS {result['rss_peak_mb']:6.0f} MB", flush=True)
     bandwidth = None if args.no_bandwidth else read_bandwidth_gbs(args.threads)
-    weight_bytes = os.path.getsize(args.model_dir / "llm.mnn.weight")
+    config = json.loads((args.model_dir / "config.json").read_text())
+    weight_bytes = os.path.getsize(args.model_dir / config.get("llm_weight", "llm.mnn.weight"))
     print()
     print(report(results, args, weight_bytes, bandwidth))
 

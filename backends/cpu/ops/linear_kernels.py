@@ -64,11 +64,14 @@ def _dot(codes, alpha, k, o, x, xd, xo, xsum, nibbles, width):
     """One row of the matrix times x; `width` code bytes per block."""
     row = np.uint64(o)
     row_bytes = codes.strides[0]
+    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
     acc = np.float32(0.0)
     const = np.float32(0.0)
     for b in range(np.uint64(xsum.size)):
         base = b * np.uint64(width)
         prefetch(codes, o * row_bytes + np.int64(base) + PREFETCH_BYTES)
+        if b % 8 == 0:   # one cache line of a later row's (min, scale) pairs
+            prefetch(alpha, alpha_ahead + np.int64(b) * 8)
         if nibbles:
             dot = _q4_bytes(codes, row, base, xd, xo, width)
         else:
@@ -83,10 +86,13 @@ def _dot(codes, alpha, k, o, x, xd, xo, xsum, nibbles, width):
 def _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block):
     """One int4 row times x quantized to int16 (xq, xscale per chunk of QUANT_CHUNK)."""
     row_bytes = codes.strides[0]
+    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
     chunks = block // QUANT_CHUNK
     acc = np.float32(0.0)
     const = np.float32(0.0)
     for b in range(xsum.size):
+        if b % 8 == 0:   # one cache line of a later row's (min, scale) pairs
+            prefetch(alpha, alpha_ahead + b * 8)
         dot = np.float32(0.0)
         for c in range(b * chunks, (b + 1) * chunks):
             offset = o * row_bytes + c * (QUANT_CHUNK // 2)
@@ -100,9 +106,6 @@ def _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block):
 
 @numba.njit(inline="always", **_KERNEL)
 def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block, xq, xscale):
-    if o + PREFETCH_ALPHA_ROWS < alpha.shape[0]:
-        prefetch(alpha, (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0])
-        prefetch(alpha, (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0] + 64)
     if xq.size:
         return _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block)
     if not nibbles:
