@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HfTokenizer
 
+from mnngpu.errors import InputError, TokenizerError
 from mnngpu.tokenizer.fast_encoder import FastEncoder
 from mnngpu.tokenizer.header import TokenizerHeader
 from mnngpu.tokenizer.stream import StreamDecoder
@@ -48,10 +49,17 @@ class Tokenizer:
                 return self._fast_path.encode(text, self.prefix_ids)
             except UnicodeEncodeError:
                 pass                 # a lone surrogate: the library's own error follows
-        if self._encode_fast is not None:
-            # The batch call without offsets: the same ids, about twice as fast on long text.
-            return self.prefix_ids + self._encode_fast([text], add_special_tokens=False)[0].ids
-        return self.prefix_ids + self._backend.encode(text, add_special_tokens=False).ids
+        try:
+            if self._encode_fast is not None:
+                # The batch call without offsets: the same ids, about twice as fast on long text.
+                return self.prefix_ids + self._encode_fast([text], add_special_tokens=False)[0].ids
+            return self.prefix_ids + self._backend.encode(text, add_special_tokens=False).ids
+        except UnicodeError as exc:
+            raise InputError(f"the text is not valid Unicode ({exc})", field="prompt") from exc
+        except TypeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the library raises bare Exception on a damaged model
+            raise TokenizerError(f"cannot encode with this tokenizer: {exc}", path=self.path) from exc
 
     def decode(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")

@@ -28,7 +28,7 @@ def read_tokens(body: TextBody) -> list[bytes]:
         line = body.next_line("a base64 token line")
         try:
             tokens.append(base64.b64decode(line.strip(), validate=True))
-        except binascii.Error:
+        except (binascii.Error, ValueError):  # ValueError: a non-ASCII character in the line
             raise body.error(f"expected one base64 token, found {line[:60]!r}", line_number) from None
     return tokens
 
