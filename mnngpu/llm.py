@@ -115,8 +115,6 @@ class Llm:
 
     # ---- tokens ------------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
-        if not isinstance(text, str):
-            raise InputError(f"expected text (str), got {type(text).__name__}", field="prompt")
         return self.tokenizer.encode(text)
 
     def tokenizer_decode(self, token: int) -> str:

@@ -42,6 +42,8 @@ class Tokenizer:
         return len(self._token_bytes)
 
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InputError(f"expected text (str), got {type(text).__name__}", field="prompt")
         if not text:
             return list(self.prefix_ids)
         if self._fast_path is not None:
@@ -54,10 +56,8 @@ class Tokenizer:
                 # The batch call without offsets: the same ids, about twice as fast on long text.
                 return self.prefix_ids + self._encode_fast([text], add_special_tokens=False)[0].ids
             return self.prefix_ids + self._backend.encode(text, add_special_tokens=False).ids
-        except UnicodeError as exc:
-            raise InputError(f"the text is not valid Unicode ({exc})", field="prompt") from exc
-        except TypeError:
-            raise
+        except (UnicodeError, TypeError) as exc:  # the library's answer to a lone surrogate is a TypeError
+            raise InputError(f"the text is not valid Unicode text ({exc})", field="prompt") from exc
         except Exception as exc:  # noqa: BLE001 -- the library raises bare Exception on a damaged model
             raise TokenizerError(f"cannot encode with this tokenizer: {exc}", path=self.path) from exc
 
