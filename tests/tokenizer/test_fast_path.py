@@ -135,9 +135,12 @@ def test_parts_the_fast_path_does_not_do_leave_the_whole_pipeline_to_the_library
     assert FastEncoder.for_backend(variant(name, **parts)) is None
 
 
-def test_a_lone_surrogate_gets_the_librarys_error():
+def test_a_lone_surrogate_is_an_input_error():
+    """The library rejects it with a TypeError; we say what is wrong with the text."""
+    from mnngpu.errors import InputError
+
     tok = tokenizer("tiktoken")
     with pytest.raises(TypeError):
         tok._backend.encode("a\ud800b")
-    with pytest.raises(TypeError):
+    with pytest.raises(InputError, match="not valid Unicode"):
         tok.encode("a\ud800b")
