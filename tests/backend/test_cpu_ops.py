@@ -16,9 +16,6 @@ from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.pipeline import GraphOp, Pipeline
 from tests import reference
 
-# The one-thread GEMVs are compiled with parallel=True on purpose (see ops/linear_kernels.py).
-pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
-
 
 def make_backend(precision: str = "high", threads: int = 2) -> CPUBackend:
     return CPUBackend(BackendConfig(precision=precision, thread_num=threads), KVMeta())

@@ -36,10 +36,16 @@ PREFETCH_ALPHA_ROWS = 8
 
 _KERNEL = dict(fastmath=True, cache=True, nogil=True)
 # The one-thread GEMVs are compiled with parallel=True too, though they have no prange: numba's
-# parallel pipeline makes this row code twice as fast (measured), for no launch cost.
+# parallel pipeline makes this row code twice as fast (measured), for no launch cost. Numba warns
+# that nothing was parallelized; `compile_for` compiles them with that warning silenced.
 _SERIAL_GEMV = dict(parallel=True, **_KERNEL)
-warnings.filterwarnings("ignore", message="(?s).*no transformation for parallel execution was possible",
-                        category=NumbaPerformanceWarning)
+
+
+def compile_for(kernel, args: tuple) -> None:
+    """Compile (or load from numba's cache) `kernel` for these arguments, before the first run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        kernel.compile(tuple(numba.typeof(arg) for arg in args))
 
 
 @numba.njit(inline="always", **_KERNEL)

@@ -129,6 +129,7 @@ class CPULinear(CPUExecution):
             # big matrices are split over the threads; small ones run faster without the hand-off
             weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
             self.kernel = self.gemv_kernels[0] if weight_bytes >= PARALLEL_BYTES else self.gemv_kernels[1]
+            kernels.compile_for(self.kernel, self.gemv_calls[0])
 
     def _matrices(self) -> tuple:
         return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
