@@ -2,26 +2,21 @@
 
 Reshape, Squeeze, Unsqueeze, ConvertTensor and Identity change no values (NC4HW4 is logically
 NCHW here), so their output is the input's buffer and they cost nothing per step.
-StridedSlice, GatherV2 and Concat are planned by running mnngpu.runtime.host_ops on an index
-stand-in (an array holding each element's own flat index): the result says which input element
-every output element is, so the semantics stay written once, in host_ops.
+StridedSlice, GatherV2 and Concat are planned by mnngpu.runtime.movement from the host
+semantics, so those stay written once, in host_ops.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from mnngpu.backends.cuda.device import BLOCK, grid_for
-from mnngpu.backends.cuda.execution import CudaExecution
 
 from mnngpu.backend import Execution, Tensor
-from mnngpu.runtime import host_ops
+from mnngpu.backends.cuda.device import BLOCK, grid_for
+from mnngpu.backends.cuda.execution import CudaExecution
+from mnngpu.runtime.movement import concat_destinations, gather_sources
 
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")
 INDEX_OPS = ("StridedSlice", "GatherV2", "Gather")
-
-
-def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
-    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
 
 
 class ViewExecution(Execution):
@@ -59,20 +54,12 @@ class IndexCopyExecution(MapCopyExecution):
     """StridedSlice, GatherV2, Gather: every input but the first is known on the host."""
 
     def onResize(self, inputs, outputs):
-        stand_in = index_stand_in(inputs[0].shape)
-        source = host_ops.evaluate(self.node, [stand_in, *(t.host for t in inputs[1:])])[0]
-        self.copy("gather", inputs[0], outputs[0], np.asarray(source).reshape(-1))
+        self.copy("gather", inputs[0], outputs[0], gather_sources(self.node, inputs).reshape(-1))
 
 
 class ConcatExecution(MapCopyExecution):
     """One scatter per input into its place in the output."""
 
     def onResize(self, inputs, outputs):
-        absent = [np.full(t.shape, -1, dtype=np.int64) for t in inputs]
-        for j, part in enumerate(inputs):
-            stand_ins = absent[:j] + [index_stand_in(part.shape)] + absent[j + 1:]
-            layout = np.asarray(host_ops.concat(self.node, stand_ins)).reshape(-1)
-            positions = np.flatnonzero(layout >= 0)
-            destination = np.empty(part.size, dtype=np.int64)
-            destination[layout[positions]] = positions
-            self.copy("scatter", part, outputs[0], destination)
+        for part, destination in zip(inputs, concat_destinations(self.node, inputs)):
+            self.copy("scatter", part, outputs[0], destination.reshape(-1))

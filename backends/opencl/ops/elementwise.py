@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, index_stand_in, int8_vector
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, int8_vector
 from mnngpu.errors import ModelFormatError
+from mnngpu.runtime.movement import index_stand_in
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
 BINARY_OPS = frozenset({"ADD", "SUB", "MUL", "REALDIV", "DIV", "FLOORDIV", "MOD", "FLOORMOD", "POW", "MAXIMUM",

@@ -14,11 +14,6 @@ from pyopencl import cltypes
 MAX_RANK = 8  # the kernels take shapes and strides as int8 vectors
 
 
-def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
-    """An array of `shape` whose every element is its own flat index."""
-    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
-
-
 def affine_strides(offsets: np.ndarray) -> tuple[int, list[int]] | None:
     """(base, strides) such that offsets[idx] == base + sum(idx * strides), or None."""
     if offsets.size == 0:
@@ -52,14 +47,6 @@ def compact(shape: tuple[int, ...], strides: list[list[int]]) -> tuple[list[int]
     if not merged:
         merged = [(1, [0] * len(strides))]
     return [n for n, _ in merged], [[steps[k] for _, steps in merged] for k in range(len(strides))]
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return strides[::-1]
 
 
 def int8_vector(values: list[int], fill: int) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 Reshape, Squeeze, Unsqueeze, ConvertTensor and Identity change no values (NC4HW4 is
 logically NCHW here), so their output is the input's buffer and costs nothing per step.
-StridedSlice, GatherV2 and Concat copy, planned from mnngpu.runtime.host_ops run on index
-stand-ins (see layout.py), so their semantics are written once, in host_ops.
+StridedSlice, GatherV2 and Concat copy, planned by mnngpu.runtime.movement from the host
+semantics, so those are written once, in host_ops.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 
 from mnngpu.backend import Tensor
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, affine_strides, compact, index_stand_in, int8_vector
-from mnngpu.runtime import host_ops
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, affine_strides, compact, int8_vector
+from mnngpu.runtime.movement import concat_destinations, gather_sources, index_stand_in
 
 
 class ViewExecution(KernelExecution):
@@ -45,8 +45,7 @@ class GatherCopyExecution(CopyExecution):
     takes every element in order (the logits slice of a prefill that wants all rows) is a view."""
 
     def plan(self, inputs, outputs):
-        source = host_ops.evaluate(self.node, [index_stand_in(inputs[0].shape), *(t.host for t in inputs[1:])])[0]
-        source, out = np.asarray(source).reshape(-1), outputs[0]
+        source, out = gather_sources(self.node, inputs).reshape(-1), outputs[0]
         if source.size == inputs[0].size and np.array_equal(source, np.arange(source.size)):
             self.view_of = 0
             return
@@ -57,11 +56,5 @@ class ConcatExecution(CopyExecution):
     """One copy per input into its region of the output."""
 
     def plan(self, inputs, outputs):
-        absent = [np.full(t.shape, -1, dtype=np.int64) for t in inputs]
-        for j, part in enumerate(inputs):
-            stand_ins = absent[:j] + [index_stand_in(part.shape)] + absent[j + 1:]
-            layout = np.asarray(host_ops.concat(self.node, stand_ins)).reshape(-1)
-            positions = np.flatnonzero(layout >= 0)
-            destination = np.empty(part.size, dtype=np.int64)
-            destination[layout[positions]] = positions
-            self.copy(outputs[0], part, index_stand_in(part.shape), destination.reshape(part.shape))
+        for part, destination in zip(inputs, concat_destinations(self.node, inputs)):
+            self.copy(outputs[0], part, index_stand_in(part.shape), destination)

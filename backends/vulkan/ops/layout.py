@@ -8,16 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnngpu.errors import ModelFormatError
+from mnngpu.runtime.movement import contiguous_strides
 
 MAX_RANK = 6
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= int(size)
-    return strides[::-1]
 
 
 def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
