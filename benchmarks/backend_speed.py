@@ -1,13 +1,15 @@
-"""Prefill and decode speed of the Vulkan backend (lavapipe on a CI machine) on a fixture model
-and, when it has been made (tools/make_bench_model.py), the Qwen2.5-0.5B-shaped bench model.
+"""Prefill and decode speed of any backends on a fixture model and, when it has been made
+(tools/make_bench_model.py), the Qwen2.5-0.5B-shaped bench model.
 
-    python benchmarks/vulkan_speed.py                       # fixture + bench model, precision high and low
-    python benchmarks/vulkan_speed.py MODEL_DIR ... [--prompt-len 100] [--decode 16] [--precisions high]
+    python benchmarks/backend_speed.py                     # opencl + vulkan, fixture + bench model
+    python benchmarks/backend_speed.py MODEL_DIR ... [--backends cpu opencl] [--precisions high low]
+        [--prompt-len 100] [--decode 16]
 
-Per model and precision: load time; the first prefill and decode, which resize the two pool
-modules and record their command buffers; then the best of `--repeats` prefills of
-`--prompt-len` tokens after a reset, and `--decode` greedy steps after it. Prompts run in
-chunks of 100 rows (the last one padded), so multiples of 100 show the real prefill rate.
+Per model, backend and precision: load time; the first prefill and decode, which resize the two
+pool modules (and build kernels or record command buffers); then the best of `--repeats`
+prefills of `--prompt-len` tokens after a reset, and `--decode` greedy steps after it.
+Fixed-shape backends run prompts in chunks of 100 rows (the last one padded), so multiples of
+100 show their real prefill rate. `mnngpu bench` gives llm_bench's table for the same runs.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ def seconds(action) -> float:
     return time.perf_counter() - start
 
 
-def load(model_dir: Path, precision: str):
+def load(model_dir: Path, backend: str, precision: str):
     from mnngpu import llm as mnngpu_llm
 
     model = mnngpu_llm.create(model_dir)
-    model.set_config({"backend_type": "vulkan", "precision": precision, "thread_num": 2})
+    model.set_config({"backend_type": backend, "precision": precision, "thread_num": 2})
     model.load()
     return model
 
@@ -45,9 +47,10 @@ def greedy_steps(model, token: int, steps: int) -> None:
         token = int(np.asarray(model.forward([token]))[0, -1].argmax())
 
 
-def run(model_dir: Path, precision: str, prompt_len: int, decode: int, repeats: int) -> dict[str, float]:
+def run(model_dir: Path, backend: str, precision: str, prompt_len: int, decode: int,
+        repeats: int) -> dict[str, float]:
     holder = {}
-    load_s = seconds(lambda: holder.setdefault("model", load(model_dir, precision)))
+    load_s = seconds(lambda: holder.setdefault("model", load(model_dir, backend, precision)))
     model = holder["model"]
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(3, min(model.embedding.vocab_size, 1000), prompt_len)]
@@ -62,22 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path, help="model folders (default: a fixture and the bench model)")
+    parser.add_argument("--backends", nargs="+", default=["opencl", "vulkan"])
     parser.add_argument("--precisions", nargs="+", default=["high", "low"], choices=["high", "normal", "low"])
     parser.add_argument("--prompt-len", type=int, default=100)
     parser.add_argument("--decode", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
     models = args.models or [FIXTURE] + ([BENCH_MODEL] if (BENCH_MODEL / "config.json").exists() else [])
-    from mnngpu.backends.vulkan.device import shared_device
-
-    print(f"device: {shared_device().name}; prompt {args.prompt_len} tokens, {args.decode} decode steps\n")
-    print("| model | precision | load s | first prefill+decode s | prefill tok/s | decode tok/s | ms/token |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"prompt {args.prompt_len} tokens, {args.decode} decode steps\n")
+    print("| model | backend | precision | load s | first prefill+decode s | prefill tok/s | decode tok/s | ms/token |")
+    print("|---|---|---|---|---|---|---|---|")
     for model_dir in models:
-        for precision in args.precisions:
-            r = run(model_dir, precision, args.prompt_len, args.decode, args.repeats)
-            print(f"| {model_dir.name} | {precision} | {r['load']:.2f} | {r['resize']:.2f} | {r['prefill']:.1f} | "
-                  f"{r['decode']:.2f} | {r['ms']:.1f} |", flush=True)
+        for backend in args.backends:
+            for precision in args.precisions:
+                r = run(model_dir, backend, precision, args.prompt_len, args.decode, args.repeats)
+                print(f"| {model_dir.name} | {backend} | {precision} | {r['load']:.2f} | {r['resize']:.2f} | "
+                      f"{r['prefill']:.1f} | {r['decode']:.2f} | {r['ms']:.1f} |", flush=True)
     return 0
 
 
