@@ -25,10 +25,13 @@ def _user_cache_dir() -> Path:
 if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(_user_cache_dir())
 
-# OpenMP's spinning workers fight OpenBLAS's on small machines (a 128x128 GEMV took 12 ms
-# instead of 0.1 ms on 2 cores); numba's own workqueue pool has no such contention.
+# A decode step launches ~100 parallel kernels: OpenMP's spin-waiting team starts one in ~2 us,
+# numba's workqueue pool in ~140 us (measured on 2 cores), which cost a third of each token.
+# OpenMP's spinning fought OpenBLAS's own spinning workers, so BLAS runs one thread per caller
+# (set_blas_threads below) and the prefill splits its GEMMs over a pool of Python threads.
 if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+    numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    numba.config.THREADING_LAYER = "default"
 
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402

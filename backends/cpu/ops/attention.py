@@ -50,12 +50,13 @@ class KVCache:
         return start
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attend_one(q, keys, values, total, scale, scores, out):
-    """One query row. q, out [heads, dim]; keys, values [kv_heads, capacity, dim]; scores [total]."""
+    """One query row, heads over the threads. q, out [heads, dim]; keys, values [kv_heads, capacity,
+    dim]; scores [heads, >= total] work space."""
     heads, dim = q.shape
     group = heads // keys.shape[0]
-    for h in range(heads):
+    for h in numba.prange(heads):
         g = h // group
         best = np.float32(-np.inf)
         for t in range(total):
@@ -63,17 +64,17 @@ def attend_one(q, keys, values, total, scale, scores, out):
             for i in range(dim):
                 s += q[h, i] * keys[g, t, i]
             s *= scale
-            scores[t] = s
+            scores[h, t] = s
             best = max(best, s)
         norm = np.float32(0.0)
         for t in range(total):
-            e = np.exp(scores[t] - best)
-            scores[t] = e
+            e = np.exp(scores[h, t] - best)
+            scores[h, t] = e
             norm += e
         for i in range(dim):
             out[h, i] = 0.0
         for t in range(total):
-            p = scores[t] / norm
+            p = scores[h, t] / norm
             for i in range(dim):
                 out[h, i] += p * values[g, t, i]
 
@@ -146,7 +147,7 @@ class CPUAttention(CPUExecution):
         cache.k[:, past: past + self.seq] = self.k_new
         cache.v[:, past: past + self.seq] = self.v_new
         if self.seq == 1:
-            scores = self.backend.scratch("attention_scores", (past + 1,))
+            scores = self.backend.scratch("attention_scores", (self.heads, past + 1))
             attend_one(self.q[0], cache.k, cache.v, past + 1, self.scale, scores, self.out[0])
         else:
             attend(self.q, cache.k, cache.v, past, self.scale, self.out, self.backend.parallel)

@@ -25,7 +25,7 @@ from mnngpu.backends.cpu.ops import linear_kernels as kernels
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
 PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
-PARALLEL_BYTES = 1 << 20   # weights below this size run their GEMV on one thread (no launch cost)
+PARALLEL_BYTES = 1 << 16   # weights below this run their GEMV on the calling thread (no hand-off)
 EMPTY = np.zeros(0, dtype=np.float32)
 
 
