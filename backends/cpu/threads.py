@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,7 +40,9 @@ def set_blas_threads(count: int) -> bool:
 
 
 class WorkerPool:
-    """`parallel(fn, n)` runs fn(0..n-1) on the calling thread plus `threads - 1` workers."""
+    """`parallel(fn, n)` runs fn(0..n-1) on the calling thread plus `threads - 1` workers; each thread
+    takes the next index when it is done with one, so tiles of unequal cost still balance (give
+    the costly ones the low indices)."""
 
     def __init__(self, threads: int):
         self.threads = max(1, threads)
@@ -50,13 +53,18 @@ class WorkerPool:
             for index in range(count):
                 fn(index)
             return
-        shares = min(self.threads, count)
+        indices = iter(range(count))
+        lock = threading.Lock()
 
-        def share(first: int) -> None:
-            for index in range(first, count, shares):
+        def drain() -> None:
+            while True:
+                with lock:
+                    index = next(indices, None)
+                if index is None:
+                    return
                 fn(index)
 
-        futures = [self._pool.submit(share, first) for first in range(1, shares)]
-        share(0)
+        futures = [self._pool.submit(drain) for _ in range(min(self.threads, count) - 1)]
+        drain()
         for future in futures:
             future.result()

@@ -151,12 +151,14 @@ class CPULinear(CPUExecution):
             self.kernel(*args)
 
     def _prefill(self) -> None:
-        tiles = [(m, start) for m, w in enumerate(self.weights) for start in range(0, w.oc, tile_rows(w))]
+        threads = self.backend.workers.threads
+        tiles = [(m, start, min(w.oc, start + tile_rows(w, threads)))
+                 for m, w in enumerate(self.weights) for start in range(0, w.oc, tile_rows(w, threads))]
+        tiles.sort(key=lambda tile: tile[1] - tile[2])   # the biggest first: the threads finish together
 
         def run(index: int) -> None:
-            m, start = tiles[index]
+            m, start, stop = tiles[index]
             w = self.weights[m]
-            stop = min(w.oc, start + tile_rows(w))
             np.matmul(self.x, weight_tile(self.backend, w, start, stop).T, out=self.outs[m][:, start:stop])
             if w.bias.size:
                 self.outs[m][:, start:stop] += w.bias[start:stop]
@@ -180,11 +182,12 @@ class CPUGatedLinear(CPULinear):
 
     def _prefill(self) -> None:
         gate, up = self.weights
-        starts = list(range(0, gate.oc, tile_rows(gate)))
+        rows = tile_rows(gate, self.backend.workers.threads)
+        starts = list(range(0, gate.oc, rows))
 
         def run(index: int) -> None:
             start = starts[index]
-            stop = min(gate.oc, start + tile_rows(gate))
+            stop = min(gate.oc, start + rows)
             g = self.backend.scratch("gate", (self.rows, stop - start))
             u = self.backend.scratch("up", (self.rows, stop - start))
             np.matmul(self.x, weight_tile(self.backend, gate, start, stop).T, out=g)
@@ -198,11 +201,13 @@ class CPUGatedLinear(CPULinear):
         self.backend.parallel(run, len(starts))
 
 
-def tile_rows(w: PackedLinear) -> int:
+def tile_rows(w: PackedLinear, threads: int = 1) -> int:
     """Rows per dequantized tile: about TILE_BYTES, at least MIN_TILE_ROWS (a narrow GEMM is slow),
-    and the matrix split into equal tiles."""
+    the matrix split into equal tiles, as many as a multiple of the threads when there are enough."""
     target = max(MIN_TILE_ROWS, TILE_BYTES // (4 * w.ic))
     tiles = -(-w.oc // target)
+    if tiles >= threads:
+        tiles = -(-tiles // threads) * threads
     rows = -(-w.oc // tiles)
     return min(w.oc, -(-rows // 8) * 8)
 
