@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops import fastmath
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -68,7 +69,7 @@ def attend_one(q, keys, values, total, scale, scores, out):
             best = max(best, s)
         norm = np.float32(0.0)
         for t in range(total):
-            e = np.exp(scores[h, t] - best)
+            e = fastmath.exp(scores[h, t] - best)
             scores[h, t] = e
             norm += e
         for i in range(dim):
@@ -89,7 +90,7 @@ def causal_softmax(scores, rows_per_query, first_visible):
             best = max(best, scores[r, t])
         norm = np.float32(0.0)
         for t in range(visible):
-            e = np.exp(scores[r, t] - best)
+            e = fastmath.exp(scores[r, t] - best)
             scores[r, t] = e
             norm += e
         inv = np.float32(1.0) / norm

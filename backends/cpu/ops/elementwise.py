@@ -11,6 +11,7 @@ import numba
 import numpy as np
 
 from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops import fastmath
 from mnngpu.runtime import host_ops
 
 UFUNCS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
@@ -22,7 +23,7 @@ UNARY_UFUNCS = {"NEG": np.negative, "COS": np.cos, "SIN": np.sin, "EXP": np.exp,
 @numba.njit(fastmath=True, cache=True, nogil=True)
 def _mul_silu(a, b, out):
     for i in range(out.size):
-        out[i] = a[i] * b[i] / (np.float32(1.0) + np.exp(-b[i]))
+        out[i] = a[i] * b[i] / (np.float32(1.0) + fastmath.exp(-b[i]))
 
 
 class HostOpExecution(CPUExecution):

@@ -25,6 +25,7 @@ import numpy as np
 from numba import prange
 from numba.core.errors import NumbaPerformanceWarning
 
+from mnngpu.backends.cpu.ops import fastmath
 from mnngpu.backends.cpu.ops.intrinsics import dot_u4_s16, prefetch
 
 SIXTEENTH = np.float32(0.0625)
@@ -191,7 +192,7 @@ def _gated_span(start, codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo,
         if bias_t[1].size:
             up += bias_t[1][r]
         gate = out[r]
-        out[r] = up * gate / (np.float32(1.0) + np.exp(-gate))
+        out[r] = up * gate / (np.float32(1.0) + fastmath.exp(-gate))
 
 
 @numba.njit(parallel=True, **_KERNEL)
@@ -237,4 +238,4 @@ def mul_silu(up, gate, out):
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
             g = gate[i, j]
-            out[i, j] = up[i, j] * g / (np.float32(1.0) + np.exp(-g))
+            out[i, j] = up[i, j] * g / (np.float32(1.0) + fastmath.exp(-g))
