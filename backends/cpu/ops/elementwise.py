@@ -7,7 +7,6 @@ semantics of runtime/host_ops and copies the result into its buffer.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from mnngpu.backends.cpu.execution import CPUExecution
@@ -20,10 +19,6 @@ UNARY_UFUNCS = {"NEG": np.negative, "COS": np.cos, "SIN": np.sin, "EXP": np.exp,
                 "ABS": np.abs, "TANH": np.tanh, "SQUARE": np.square}
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
-def _mul_silu(a, b, out):
-    for i in range(out.size):
-        out[i] = a[i] * b[i] / (np.float32(1.0) + fastmath.exp(-b[i]))
 
 
 class HostOpExecution(CPUExecution):
@@ -51,7 +46,7 @@ class BinaryExecution(HostOpExecution):
         if self.ufunc is not None:
             self.ufunc(self.args[0], self.args[1], out=self.out)
         elif self.silu:
-            _mul_silu(self.args[0].reshape(-1), self.args[1].reshape(-1), self.out.reshape(-1))
+            fastmath.silu_times(self.args[0].reshape(-1), self.args[1].reshape(-1), self.out.reshape(-1))
         else:
             super().onExecute(inputs, outputs)
 

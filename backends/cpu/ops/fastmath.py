@@ -32,3 +32,13 @@ def exp(x):
     for _ in range(8):   # (e^t)^256
         y = y * y
     return y
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def silu_times(up, gate, out):
+    """out = up * gate / (1 + exp(-gate)) over 1-D arrays, in two passes: in one loop LLVM
+    vectorizes neither the exp nor the division (measured 2.5x slower)."""
+    for i in range(out.size):
+        out[i] = exp(-gate[i])
+    for i in range(out.size):
+        out[i] = up[i] * gate[i] / (np.float32(1.0) + out[i])

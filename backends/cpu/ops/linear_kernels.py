@@ -234,8 +234,6 @@ def dequantize_rows(codes, alpha, k, nibbles, block, start, out):
 
 @numba.njit(**_KERNEL)
 def mul_silu(up, gate, out):
-    """out = up * silu(gate), elementwise over equal-shaped 2-D arrays."""
+    """out = up * silu(gate), elementwise over equal-shaped 2-D arrays, a row at a time."""
     for i in range(out.shape[0]):
-        for j in range(out.shape[1]):
-            g = gate[i, j]
-            out[i, j] = up[i, j] * g / (np.float32(1.0) + fastmath.exp(-g))
+        fastmath.silu_times(up[i], gate[i], out[i])

@@ -196,7 +196,9 @@ class CPUGatedLinear(CPULinear):
                 g += gate.bias[start:stop]
             if up.bias.size:
                 u += up.bias[start:stop]
-            kernels.mul_silu(u, g, self.out[:, start:stop])
+            act = self.backend.scratch("act", (self.rows, stop - start))   # contiguous: vectorizes
+            kernels.mul_silu(u, g, act)
+            self.out[:, start:stop] = act
 
         self.backend.parallel(run, len(starts))
 
