@@ -41,7 +41,7 @@ from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution
 from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
 from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
-from mnngpu.backends.cpu.threads import WorkerPool, set_blas_threads  # noqa: E402
+from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
 from mnngpu.runtime.host_ops import HOST_OPS, SHAPE_OPS  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
@@ -66,6 +66,7 @@ class CPUBackend(Backend):
         numba.set_num_threads(threads)
         set_blas_threads(1)
         self.workers = WorkerPool(threads)
+        self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
         self.quantize_activations = config.precision == "low"   # decode GEMV on int16 x (ops/linear_kernels.py)
         self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
         self._recorded: list = []

@@ -13,6 +13,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
+import numpy as np
+
 # numpy's bundled OpenBLAS names its setter after the wheel's symbol suffix.
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                  "openblas_set_num_threads64_", "openblas_set_num_threads")
@@ -68,3 +71,16 @@ class WorkerPool:
         drain()
         for future in futures:
             future.result()
+
+
+@numba.njit(parallel=True, cache=True)
+def _touch(out):
+    for i in numba.prange(out.size):
+        out[i] = i
+
+
+def launch_is_cheap() -> bool:
+    """Whether numba's threading layer starts a parallel kernel in microseconds (OpenMP, TBB) rather
+    than in a tenth of a millisecond (workqueue); numba picks the layer at the first launch."""
+    _touch(np.zeros(2, dtype=np.int64))
+    return numba.threading_layer() != "workqueue"

@@ -25,7 +25,9 @@ from mnngpu.backends.cpu.ops import linear_kernels as kernels
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
 PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
-PARALLEL_BYTES = 1 << 16   # weights below this run their GEMV on the calling thread (no hand-off)
+# Weights below this run their GEMV on the calling thread: a launch costs ~2 us on numba's OpenMP
+# and TBB layers, ~140 us on its workqueue layer.
+PARALLEL_BYTES = {True: 1 << 16, False: 1 << 20}   # by backend.cheap_launches
 EMPTY = np.zeros(0, dtype=np.float32)
 
 
@@ -128,7 +130,8 @@ class CPULinear(CPUExecution):
             self.gemv_calls = [self._gemv_args(row) for row in range(self.rows)]
             # big matrices are split over the threads; small ones run faster without the hand-off
             weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
-            self.kernel = self.gemv_kernels[0] if weight_bytes >= PARALLEL_BYTES else self.gemv_kernels[1]
+            parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches]
+            self.kernel = self.gemv_kernels[0] if parallel else self.gemv_kernels[1]
             kernels.compile_for(self.kernel, self.gemv_calls[0])
 
     def _matrices(self) -> tuple:
