@@ -111,7 +111,7 @@ def run_worker(engine: str, args) -> dict:
         command = [sys.executable, str(Path(__file__).resolve()), str(args.model_dir), "--worker", engine,
                    "--threads", str(args.threads), "--prompt", str(args.prompt), "--decode", str(args.decode),
                    "--json-out", str(out)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"{engine} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())
@@ -129,8 +129,9 @@ METRICS = [("decode_tok_s", "decode tok/s", True), ("prefill_tok_s", "prefill to
 
 
 def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: float | None) -> str:
-    lines = [f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
-             f"rounds {args.rounds}", ""]
+    title = (f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
+             f"rounds {args.rounds}")
+    lines = [title, ""]
     lines.append(f"| {'metric':26s} | {'mnngpu':>18s} | {'MNN':>18s} | {'mnngpu / MNN':>12s} |")
     lines.append(f"| {'-' * 26} | {'-' * 17}: | {'-' * 17}: | {'-' * 11}: |")
     for key, label, higher_is_better in METRICS:

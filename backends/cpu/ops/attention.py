@@ -106,7 +106,6 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
     seq, heads, dim = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
-    total = past + seq
     # the last query blocks see the most keys: they go first, so the threads finish together
     blocks = [(g, start) for start in reversed(range(0, seq, QUERY_BLOCK)) for g in range(kv_heads)]
 

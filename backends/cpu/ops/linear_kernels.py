@@ -35,11 +35,11 @@ QUANT_LEVELS = np.float32(32767.0)
 PREFETCH_BYTES = 2048         # how far ahead of the row being read the codes are prefetched
 PREFETCH_ALPHA_ROWS = 8
 
-_KERNEL = dict(fastmath=True, cache=True, nogil=True)
+_KERNEL = {"fastmath": True, "cache": True, "nogil": True}
 # The one-thread GEMVs are compiled with parallel=True too, though they have no prange: numba's
 # parallel pipeline makes this row code twice as fast (measured), for no launch cost. Numba warns
 # that nothing was parallelized; `compile_for` compiles them with that warning silenced.
-_SERIAL_GEMV = dict(parallel=True, **_KERNEL)
+_SERIAL_GEMV = {"parallel": True, **_KERNEL}
 
 
 def compile_for(kernel, args: tuple) -> None:
