@@ -47,9 +47,19 @@ class WorkerPool:
     takes the next index when it is done with one, so tiles of unequal cost still balance (give
     the costly ones the low indices)."""
 
+    _shared: dict[int, WorkerPool] = {}
+
     def __init__(self, threads: int):
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mnngpu-cpu") if self.threads > 1 else None
+
+    @classmethod
+    def shared(cls, threads: int) -> WorkerPool:
+        """One pool per thread count for the whole process, however many backends are made."""
+        threads = max(1, threads)
+        if threads not in cls._shared:
+            cls._shared[threads] = cls(threads)
+        return cls._shared[threads]
 
     def parallel(self, fn: Callable[[int], None], count: int) -> None:
         if self._pool is None or count <= 1:
