@@ -283,21 +283,6 @@ def test_data_movement_ops():
 
 # ---- RoPE: the fused pattern against the ops it replaces ------------------------------------------
 
-def rope_graph(dim: int, split: int, axis: int = 3):
-    """Tensors 0 x (1, seq, heads, dim), 1 cos, 2 sin, 3..10 slice bounds; the exporter's 7 ops -> 17."""
-    bounds = {3: [split], 4: [1 << 30], 5: [axis], 6: [1], 7: [0], 8: [split], 9: [axis], 10: [1]}
-    constants = {i: np.array(v, dtype=np.int32) for i, v in bounds.items()}
-    slice_param = P.StridedSliceParam(fromType=1)
-    ops = [GraphOp(Node("BinaryOp", "mul_cos", P.BinaryOp(opType="MUL")), [0, 1], [11]),
-           GraphOp(Node("StridedSlice", "hi", slice_param), [0, 3, 4, 5, 6], [12]),
-           GraphOp(Node("UnaryOp", "neg", P.UnaryOp(opType="NEG")), [12], [13]),
-           GraphOp(Node("StridedSlice", "lo", slice_param), [0, 7, 8, 9, 10], [14]),
-           GraphOp(Node("Concat", "cat", P.Axis(axis=-1)), [13, 14], [15]),
-           GraphOp(Node("BinaryOp", "mul_sin", P.BinaryOp(opType="MUL")), [15, 2], [16]),
-           GraphOp(Node("BinaryOp", "add", P.BinaryOp(opType="ADD")), [11, 16], [17])]
-    return ops, constants
-
-
 def run_graph(ops, constants, arrays: list[np.ndarray], n_tensors: int, output: int, backend=None):
     backend = backend or make_backend()
     tensors: list[Tensor | None] = [None] * n_tensors
@@ -326,7 +311,7 @@ def test_rope_pattern_fuses_into_one_step(split):
     x = rng.normal(0, 1, (1, 5, 3, dim)).astype(np.float32)
     cos = rng.normal(0, 1, (1, 5, 1, dim)).astype(np.float32)
     sin = rng.normal(0, 1, (1, 5, 1, dim)).astype(np.float32)
-    ops, constants = rope_graph(dim, split)
+    ops, constants = reference.rotate_half_graph(split, axis=3)
     fused = fusion.fuse(ops, set(CPUBackend.executions), graph_outputs={17})
     assert [op.node.type for op in fused] == ["RoPE"]
     got, pipeline = run_graph(fused, constants, [x, cos, sin], 18, 17)
@@ -342,7 +327,7 @@ def test_rope_with_other_slices_runs_the_exported_ops():
     x = rng.normal(0, 1, (1, 4, 4, 4)).astype(np.float32)
     cos = rng.normal(0, 1, (1, 4, 1, 4)).astype(np.float32)
     sin = rng.normal(0, 1, (1, 4, 4, 4)).astype(np.float32)
-    ops, constants = rope_graph(4, 2, axis=2)
+    ops, constants = reference.rotate_half_graph(2, axis=2)
     ops[4] = GraphOp(Node("Concat", "cat", P.Axis(axis=2)), [13, 14], [15])
     fused = fusion.fuse(ops, set(CPUBackend.executions), graph_outputs={17})
     got, pipeline = run_graph(fused, constants, [x, cos, sin], 18, 17)
@@ -352,7 +337,7 @@ def test_rope_with_other_slices_runs_the_exported_ops():
 
 
 def test_fusion_leaves_backends_without_the_fused_types_alone():
-    ops, _ = rope_graph(8, 4)
+    ops, _ = reference.rotate_half_graph(4, axis=3)
     assert fusion.fuse(ops, {"BinaryOp", "UnaryOp", "StridedSlice", "Concat"}, graph_outputs={17}) == ops
 
 
