@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+# Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
+os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "models" / "qwen2_int4_b64"
 BENCH_MODEL = ROOT / "bench_models" / "qwen2_5_0_5b_shape"

@@ -26,6 +26,9 @@ import threading
 import time
 from pathlib import Path
 
+# Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
+os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
+
 ENGINES = ("mnngpu", "mnn")
 BENCH_TOKEN = 16
 

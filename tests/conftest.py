@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+# The suite tests the compiled kernels; tests/test_jit.py runs the cold-start stand-ins itself.
+os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"
 MODEL_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())

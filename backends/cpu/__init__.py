@@ -9,21 +9,11 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import numba
 import numpy as np
 
-
-def _user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mnngpu" / "numba"
-
-
-# Compiled kernels are cached in the user's cache, never next to an installed (maybe read-only)
-# package. Set before the kernel modules below are imported: numba picks the place then.
-if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(_user_cache_dir())
+from mnngpu import jit  # noqa: F401 -- first: it tells numba where the kernel cache is
 
 # A decode step launches ~100 parallel kernels: OpenMP's spin-waiting team starts one in ~2 us,
 # numba's workqueue pool in ~140 us (measured on 2 cores), which cost a third of each token.

@@ -5,6 +5,7 @@
     tok.decode(id) -> text;  tok.stream_decoder().feed(id) -> complete UTF-8 text only
 """
 
+from mnngpu import jit  # noqa: F401 -- first: it tells numba where the kernel cache is
 from mnngpu.errors import TokenizerError
 from mnngpu.tokenizer.base import Tokenizer
 from mnngpu.tokenizer.loader import load_tokenizer, resolve_tokenizer_path

@@ -30,6 +30,7 @@ class Tokenizer:
         self._backend = backend
         self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self._fast_path = FastEncoder.for_backend(backend)
+        self._fast_path_compiled = self._fast_path.compiled_check(backend) if self._fast_path else None
         self._token_bytes = token_bytes
         self._ids_by_text: dict[str, int] | None = None
         # Only a .mtok file carries these; for tokenizer.txt they come from llm_config.json's jinja.
@@ -46,7 +47,7 @@ class Tokenizer:
             raise InputError(f"expected text (str), got {type(text).__name__}", field="prompt")
         if not text:
             return list(self.prefix_ids)
-        if self._fast_path is not None:
+        if self._fast_path is not None and self._fast_path_compiled():
             try:
                 return self._fast_path.encode(text, self.prefix_ids)
             except UnicodeEncodeError:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer as HfTokenizer
 
+from mnngpu import jit
+from mnngpu.tokenizer import bpe_model, code_point_table, normalize_steps, word_cache
 from mnngpu.tokenizer import split_scanners as scan
 from mnngpu.tokenizer.added_tokens import TokenSplitter, splittable
 from mnngpu.tokenizer.bpe_model import BpeWords
@@ -25,6 +27,8 @@ from mnngpu.tokenizer.byte_level import BYTE_TO_CHAR
 from mnngpu.tokenizer.normalize_steps import Step, code_points, normalizer_steps
 from mnngpu.tokenizer.word_cache import WordCache
 
+# Touches every kind of word the scanners tell apart, so the background compile covers them.
+WARM_UP_TEXT = "Hello, World! It's 2026: naïve café costs $12.50 —\n\tx_1 = f(42) 你好，世界 🙂 ...  end."
 BYTE_LEVEL_CHARS = str.maketrans({chr(b): c for b, c in enumerate(BYTE_TO_CHAR)})
 REGEX_STEPS = {scan.QWEN_PATTERN: ("qwen", 1), scan.LLAMA3_PATTERN: ("qwen", 3), scan.GPT2_PATTERN: ("gpt2", 0)}
 
@@ -154,6 +158,13 @@ class FastEncoder:
         steps, byte_level = pre
         return cls(TokenSplitter(raw), TokenSplitter(normalized), normalize, steps, word_model(backend, byte_level))
 
+    def compiled_check(self, backend: HfTokenizer):
+        """A check that is True once this path's numba kernels are in the cache (mnngpu/jit.py); until
+        then the caller encodes with the library, while a background process compiles them."""
+        kinds = f"{self._steps}|{[type(n).__name__ for n in self._normalize]}|{type(self._words).__name__}"
+        key = f"{jit.source_key(scan, bpe_model, code_point_table, normalize_steps, word_cache)}|{kinds}"
+        return jit.warm_up("tokenizer", key, warm_up, lambda: (backend.to_str(),))
+
     def encode(self, text: str, prefix_ids: list[int] = ()) -> list[int]:
         """prefix_ids, then the ids of text."""
         with self._lock:
@@ -175,3 +186,10 @@ class FastEncoder:
             starts, ends, count = step.apply(cps, starts, ends, count)
         return self._cache.ids(cps, starts, ends, count, self._words)
 
+
+
+def warm_up(tokenizer_json: str) -> None:
+    """The background job: compile the fast path's kernels for this tokenizer by using them once."""
+    encoder = FastEncoder.for_backend(HfTokenizer.from_str(tokenizer_json))
+    if encoder is not None:
+        encoder.encode(WARM_UP_TEXT)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
 
@@ -100,6 +101,26 @@ def causal_softmax(scores, rows_per_query, first_visible):
             scores[r, t] = 0.0
 
 
+@jit.twin_of(attend_one)
+def attend_one_numpy(q, keys, values, total, scale, scores, out):
+    group = q.shape[0] // keys.shape[0]
+    k = np.repeat(keys[:, :total], group, axis=0)      # (heads, total, dim)
+    v = np.repeat(values[:, :total], group, axis=0)
+    s = np.einsum("hd,htd->ht", q, k) * np.float32(scale)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    out[:] = np.einsum("ht,htd->hd", p, v)
+
+
+@jit.twin_of(causal_softmax)
+def causal_softmax_numpy(scores, rows_per_query, first_visible):
+    visible = first_visible + np.arange(scores.shape[0]) // rows_per_query
+    seen = np.arange(scores.shape[1])[None, :] < visible[:, None]
+    masked = np.where(seen, scores, -np.inf)
+    e = np.exp(masked - masked.max(axis=1, keepdims=True))
+    scores[:] = e / e.sum(axis=1, keepdims=True)
+
+
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
            out: np.ndarray, parallel=None) -> None:
     """q (seq, heads, d); keys/values (kv_heads, >= past+seq, d) -> out (seq, heads, d), causal."""
@@ -117,7 +138,8 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
         rows = np.ascontiguousarray(q[start:stop, g * group:(g + 1) * group]).reshape(-1, dim)
         scores = rows @ keys[g, :visible].T
         scores *= np.float32(scale)
-        causal_softmax(scores, group, past + start + 1)
+        softmax_args = (scores, group, past + start + 1)
+        jit.runnable(causal_softmax, softmax_args)(*softmax_args)
         out[start:stop, g * group:(g + 1) * group] = (scores @ values[g, :visible]).reshape(stop - start, group, dim)
 
     if parallel is None:
@@ -139,6 +161,7 @@ class CPUAttention(CPUExecution):
         self.k_new = self.value(self.inputs[1]).reshape(seq, kvh, dim).transpose(1, 0, 2)
         self.v_new = self.value(self.inputs[2]).reshape(seq, kvh, dim).transpose(1, 0, 2)
         self.out = self.outputs[0].device.reshape(seq, self.heads, dim)
+        self.attend_one = None
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         cache = self._cache()
@@ -149,7 +172,10 @@ class CPUAttention(CPUExecution):
         cache.v[:, past: past + self.seq] = self.v_new
         if self.seq == 1:
             scores = self.backend.scratch("attention_scores", (self.heads, past + 1))
-            attend_one(self.q[0], cache.k, cache.v, past + 1, self.scale, scores, self.out[0])
+            args = (self.q[0], cache.k, cache.v, past + 1, self.scale, scores, self.out[0])
+            if self.attend_one is None:   # the same argument types every step
+                self.attend_one = jit.runnable(attend_one, args)
+            self.attend_one(*args)
         else:
             attend(self.q, cache.k, cache.v, past, self.scale, self.out, self.backend.parallel)
 

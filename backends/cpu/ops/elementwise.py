@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
 from mnngpu.runtime import host_ops
@@ -41,12 +42,17 @@ class BinaryExecution(HostOpExecution):
         floats = self.out.dtype == np.float32 and a.dtype == np.float32 and b.dtype == np.float32
         self.ufunc = UFUNCS.get(op) if floats else None
         self.silu = floats and op == "MUL_SILU" and a.shape == b.shape == self.out.shape
+        if self.silu:
+            self.silu_times = jit.runnable(fastmath.silu_times, self._silu_args())
+
+    def _silu_args(self) -> tuple:
+        return self.args[0].reshape(-1), self.args[1].reshape(-1), self.out.reshape(-1)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if self.ufunc is not None:
             self.ufunc(self.args[0], self.args[1], out=self.out)
         elif self.silu:
-            fastmath.silu_times(self.args[0].reshape(-1), self.args[1].reshape(-1), self.out.reshape(-1))
+            self.silu_times(*self._silu_args())
         else:
             super().onExecute(inputs, outputs)
 

@@ -18,13 +18,11 @@ int4 weights) and each chunk's dot is four int16 dot-product instructions (intri
 
 from __future__ import annotations
 
-import warnings
-
 import numba
 import numpy as np
 from numba import prange
-from numba.core.errors import NumbaPerformanceWarning
 
+from mnngpu import jit
 from mnngpu.backends.cpu.ops import fastmath
 from mnngpu.backends.cpu.ops.intrinsics import dot_u4_s16, prefetch
 
@@ -38,15 +36,8 @@ PREFETCH_ALPHA_ROWS = 8
 _KERNEL = {"fastmath": True, "cache": True, "nogil": True}
 # The one-thread GEMVs are compiled with parallel=True too, though they have no prange: numba's
 # parallel pipeline makes this row code twice as fast (measured), for no launch cost. Numba warns
-# that nothing was parallelized; `compile_for` compiles them with that warning silenced.
+# that nothing was parallelized; `jit.compile_now` compiles them with that warning silenced.
 _SERIAL_GEMV = {"parallel": True, **_KERNEL}
-
-
-def compile_for(kernel, args: tuple) -> None:
-    """Compile (or load from numba's cache) `kernel` for these arguments, before the first run."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumbaPerformanceWarning)
-        kernel.compile(tuple(numba.typeof(arg) for arg in args))
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -237,3 +228,56 @@ def mul_silu(up, gate, out):
     """out = up * silu(gate), elementwise over equal-shaped 2-D arrays, a row at a time."""
     for i in range(out.shape[0]):
         fastmath.silu_times(up[i], gate[i], out[i])
+
+
+# ---- numpy twins: the stand-ins while the kernels above compile (mnngpu/jit.py) -----------------
+
+TWIN_ROWS = 2048   # rows dequantized at a time: a bounded float32 copy, whatever the matrix
+
+
+def dequantized(codes, alpha, k, nibbles, block, start, stop) -> np.ndarray:
+    """float32 rows [start, stop) of a packed matrix (the layout in this module's docstring)."""
+    packed = codes[start:stop]
+    if nibbles:
+        q = np.empty((packed.shape[0], 2 * packed.shape[1]), dtype=np.float32)
+        q[:, 0::2] = packed >> 4
+        q[:, 1::2] = packed & 15
+    else:
+        q = packed.astype(np.float32)
+    q = q.reshape(packed.shape[0], -1, block)
+    scales = alpha[start:stop]
+    return ((q + k) * scales[:, :, 1:2] + scales[:, :, 0:1]).reshape(packed.shape[0], -1)
+
+
+def _matrix_times_x(codes, alpha, k, bias, x, nibbles, block, out) -> None:
+    for start in range(0, out.size, TWIN_ROWS):
+        stop = min(out.size, start + TWIN_ROWS)
+        out[start:stop] = dequantized(codes, alpha, k, nibbles, block, start, stop) @ x
+    if bias.size:
+        out += bias
+
+
+@jit.twin_of(gemv_group)
+@jit.twin_of(gemv_group_serial)
+def gemv_group_numpy(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t):
+    """Every member in full (the spans split the same rows for the threads); x in float32."""
+    for m in range(len(codes_t)):
+        _matrix_times_x(codes_t[m], alpha_t[m], k_t[m], bias_t[m], x, nibbles, block, out_t[m])
+
+
+@jit.twin_of(gemv_gated)
+@jit.twin_of(gemv_gated_serial)
+def gemv_gated_numpy(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
+    gate = np.empty_like(out)
+    up = np.empty_like(out)
+    _matrix_times_x(codes_t[0], alpha_t[0], k_t[0], bias_t[0], x, nibbles, block, gate)
+    _matrix_times_x(codes_t[1], alpha_t[1], k_t[1], bias_t[1], x, nibbles, block, up)
+    fastmath.silu_times_numpy(up, gate, out)
+
+
+@jit.twin_of(dequantize_rows)
+def dequantize_rows_numpy(codes, alpha, k, nibbles, block, start, out):
+    out[:] = dequantized(codes, alpha, k, nibbles, block, start, start + out.shape[0])
+
+
+jit.twin_of(mul_silu)(fastmath.silu_times_numpy)

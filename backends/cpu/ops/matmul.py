@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
@@ -132,7 +133,7 @@ class CPULinear(CPUExecution):
             weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
             parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches]
             self.kernel = self.gemv_kernels[0] if parallel else self.gemv_kernels[1]
-            kernels.compile_for(self.kernel, self.gemv_calls[0])
+            self.kernel = jit.runnable(self.kernel, self.gemv_calls[0])
 
     def _matrices(self) -> tuple:
         return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
@@ -200,7 +201,7 @@ class CPUGatedLinear(CPULinear):
             if up.bias.size:
                 u += up.bias[start:stop]
             act = self.backend.scratch("act", (self.rows, stop - start))   # contiguous: vectorizes
-            kernels.mul_silu(u, g, act)
+            jit.runnable(kernels.mul_silu, (u, g, act))(u, g, act)
             self.out[:, start:stop] = act
 
         self.backend.parallel(run, len(starts))
@@ -222,5 +223,6 @@ def weight_tile(backend, w: PackedLinear, start: int, stop: int) -> np.ndarray:
     if w.dense is not None:
         return w.dense[start:stop]
     tile = backend.scratch("weight_tile", (stop - start, w.ic))
-    kernels.dequantize_rows(w.codes, w.alpha, w.k, w.nibbles, w.block, start, tile)
+    args = (w.codes, w.alpha, w.k, w.nibbles, w.block, start, tile)
+    jit.runnable(kernels.dequantize_rows, args)(*args)
     return tile

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 
 
@@ -33,16 +34,30 @@ def norm_rows(x, gamma, beta, eps, rms, out):
             out[r, i] = value
 
 
+@jit.twin_of(norm_rows)
+def norm_rows_numpy(x, gamma, beta, eps, rms, out):
+    rows = x.astype(np.float64)
+    mean = 0.0 if rms else rows.mean(axis=1, keepdims=True)
+    var = ((rows - mean) ** 2).mean(axis=1, keepdims=True)
+    value = (rows - mean) / np.sqrt(var + eps)
+    if gamma.size:
+        value *= gamma
+    if beta.size:
+        value += beta
+    out[:] = value
+
+
 def layer_norm(x: np.ndarray, gamma, beta, eps: float, rms: bool, axes: int) -> np.ndarray:
     """The reference path for tests and odd inputs: x normalized over its last `axes` axes."""
     shape = x.shape
     n = int(np.prod(shape[len(shape) - axes:]))
     out = np.empty((x.size // n, n), dtype=np.float32)
     empty = np.zeros(0, dtype=np.float32)
-    norm_rows(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n),
-              empty if gamma is None else np.ascontiguousarray(gamma, dtype=np.float32).reshape(-1),
-              empty if beta is None else np.ascontiguousarray(beta, dtype=np.float32).reshape(-1),
-              float(eps), bool(rms), out)
+    args = (np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n),
+            empty if gamma is None else np.ascontiguousarray(gamma, dtype=np.float32).reshape(-1),
+            empty if beta is None else np.ascontiguousarray(beta, dtype=np.float32).reshape(-1),
+            float(eps), bool(rms), out)
+    jit.runnable(norm_rows, args)(*args)
     return out.reshape(shape)
 
 
@@ -63,6 +78,8 @@ class CPULayerNorm(CPUExecution):
     def bind(self):
         self.x = self.value(self.inputs[0]).reshape(-1, self.n)
         self.out = self.outputs[0].device.reshape(-1, self.n)
+        self.args = (self.x, self.gamma, self.beta, self.eps, self.rms, self.out)
+        self.norm_rows = jit.runnable(norm_rows, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
-        norm_rows(self.x, self.gamma, self.beta, self.eps, self.rms, self.out)
+        self.norm_rows(*self.args)

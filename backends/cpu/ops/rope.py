@@ -9,6 +9,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.runtime.fusion import evaluate_rope_ops, rope_split
 
@@ -24,6 +25,14 @@ def rope_rotate_half(x, cos, sin, split, out):
                 out[s, h, i] = x[s, h, i] * cos[s, i] - x[s, h, i + split] * sin[s, i]
             for i in range(tail, dim):
                 out[s, h, i] = x[s, h, i] * cos[s, i] + x[s, h, i - tail] * sin[s, i]
+
+
+@jit.twin_of(rope_rotate_half)
+def rope_rotate_half_numpy(x, cos, sin, split, out):
+    tail = x.shape[2] - split
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    out[:, :, :tail] = x[:, :, :tail] * cos[:, :, :tail] - x[:, :, split:] * sin[:, :, :tail]
+    out[:, :, tail:] = x[:, :, tail:] * cos[:, :, tail:] + x[:, :, :split] * sin[:, :, tail:]
 
 
 class CPURoPE(CPUExecution):
@@ -47,9 +56,10 @@ class CPURoPE(CPUExecution):
         seq, heads, dim = x.shape[1:]
         self.args = (x.reshape(seq, heads, dim), cos.reshape(seq, dim), sin.reshape(seq, dim), self.split,
                      self.out.reshape(seq, heads, dim))
+        self.rotate = jit.runnable(rope_rotate_half, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if self.split is None:
             np.copyto(self.out, evaluate_rope_ops(self.node, self.args), casting="unsafe")
         else:
-            rope_rotate_half(*self.args)
+            self.rotate(*self.args)

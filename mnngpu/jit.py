@@ -1,0 +1,262 @@
+"""numba kernels that are ready at once, even on a machine that has never compiled them.
+
+numba caches compiled kernels per machine (here, in the user's cache folder). On a cold cache the
+CPU backend's kernels take tens of seconds to compile, so a first run would wait for them. Instead,
+`runnable(kernel, args)` hands back a stand-in: the kernel's numpy twin (same arguments, same
+results up to float rounding) runs while a background process compiles the kernel into the cache;
+the compiled kernel takes over from the first call after that process is done. The tokenizer's
+fast path does the same with `warm_up`, the library's own encoder standing in meanwhile.
+
+The background process outlives a short run, so the next run finds a warm cache. Set
+MNNGPU_BACKGROUND_COMPILE=0 to compile in the foreground instead (benchmarks and tests do).
+
+    python -m mnngpu.jit < jobs.pickle      # the background process: compiles, then exits
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+from numba.core.errors import NumbaPerformanceWarning
+
+log = logging.getLogger("mnngpu.jit")
+
+ENV_SWITCH = "MNNGPU_BACKGROUND_COMPILE"
+
+
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mnngpu" / "numba"
+
+
+# Compiled kernels are cached in the user's cache, never next to an installed (maybe read-only)
+# package. numba picks the place when a kernel is decorated, so every module with kernels
+# imports this one first.
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    numba.config.CACHE_DIR = str(_user_cache_dir())
+
+
+def cache_dir() -> Path:
+    return Path(numba.config.CACHE_DIR)
+
+
+def background_allowed() -> bool:
+    return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def compile_now(kernel, sig: tuple) -> None:
+    """Compile (or load from the cache) `kernel` for these argument types, in this process."""
+    with warnings.catch_warnings():
+        # one-thread kernels built with parallel=True for its faster loop code (linear_kernels.py)
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        kernel.compile(sig)
+
+
+def is_cached(kernel, sig: tuple) -> bool:
+    """Whether numba's cache holds `kernel` for `sig` on this machine, without loading it."""
+    cache = getattr(kernel, "_cache", None)
+    try:
+        context = kernel.targetctx
+        context.refresh()
+        key = cache._index_key(sig, context.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 -- a numba without these internals: compile in the foreground
+        return True
+
+
+# ---- the background process ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of background work: compile `module.name` for `sig`, or call it with `args`."""
+    module: str
+    name: str
+    sig: tuple = ()
+    args: tuple = ()
+    marker: str = ""          # a file the process writes in the cache folder once the job is done
+
+    def run(self) -> None:
+        target = getattr(importlib.import_module(self.module), self.name)
+        if self.sig:
+            compile_now(target, self.sig)
+        else:
+            target(*self.args)
+        if self.marker:
+            (cache_dir() / self.marker).touch()
+
+
+@dataclass
+class Background:
+    """Jobs queued in this process, and the one background process that runs them in order."""
+    queued: list[Job] = field(default_factory=list)
+    running: tuple | None = None        # (Popen, jobs)
+    finished: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def submit(self, job: Job) -> Job:
+        with self.lock:
+            if job not in self.finished and job not in self.queued:
+                self.queued.append(job)
+        return job
+
+    def done(self, job: Job) -> bool:
+        """Whether `job` has run; starts the queued jobs when no process is running."""
+        if job in self.finished:
+            return True
+        with self.lock:
+            self._advance()
+        return job in self.finished
+
+    def wait(self) -> None:
+        """Block until every job queued so far has run (benchmarks time compiled kernels only)."""
+        while True:
+            with self.lock:
+                self._advance()
+                process = self.running[0] if self.running else None
+            if process is None:
+                return
+            process.wait()
+
+    def _advance(self) -> None:
+        if self.running is not None and self.running[0].poll() is not None:
+            process, jobs = self.running
+            if process.returncode != 0:
+                log.warning("background compile exited with %s; compiling in this process (see %s)",
+                            process.returncode, _worker_log())
+            self.finished.update(jobs)
+            self.running = None
+        if self.running is None and self.queued:
+            jobs, self.queued = self.queued, []
+            self.running = (_start_worker(jobs), jobs)
+
+
+def _worker_log() -> Path:
+    return cache_dir() / "background-compile.log"
+
+
+def _start_worker(jobs: list[Job]) -> subprocess.Popen:
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0"}
+    with open(_worker_log(), "ab") as log_file:
+        # its own session: a Ctrl-C at the terminal stops the run, not the compile for the next one
+        process = subprocess.Popen([sys.executable, "-m", "mnngpu.jit"], stdin=subprocess.PIPE,
+                                   stdout=log_file, stderr=log_file, env=env, start_new_session=True)
+    process.stdin.write(pickle.dumps(jobs))
+    process.stdin.close()
+    return process
+
+
+BACKGROUND = Background()
+
+
+# ---- kernels and their numpy twins -----------------------------------------------------------
+
+TWINS: dict = {}      # numba dispatcher -> numpy function with the same arguments
+
+
+def twin_of(kernel) -> Callable:
+    """Register the decorated numpy function as `kernel`'s stand-in while it compiles."""
+    def register(function: Callable) -> Callable:
+        TWINS[kernel] = function
+        return function
+    return register
+
+
+class Standin:
+    """Calls a kernel's numpy twin until the background compile of the kernel has finished."""
+
+    __slots__ = ("compiled", "job", "kernel", "twin")
+
+    def __init__(self, kernel, twin: Callable, job: Job):
+        self.kernel, self.twin, self.job, self.compiled = kernel, twin, job, False
+
+    def __call__(self, *args):
+        if self.compiled:
+            return self.kernel(*args)
+        if BACKGROUND.done(self.job):
+            compile_now(self.kernel, self.job.sig)      # a cache hit, unless the process failed
+            self.compiled = True
+            return self.kernel(*args)
+        return self.twin(*args)
+
+
+_STANDINS: dict[tuple, Standin] = {}
+
+
+def runnable(kernel, args: tuple) -> Callable:
+    """What to call to run `kernel` on arguments of these types: the kernel itself once compiled
+    or cached; on a cold cache, a Standin that runs its numpy twin while it compiles."""
+    sig = tuple(numba.typeof(arg) for arg in args)
+    if sig in kernel.overloads:
+        return kernel
+    standin = _STANDINS.get((kernel, sig))
+    if standin is not None:
+        return standin if not standin.compiled else kernel
+    twin = TWINS.get(kernel)
+    if twin is None or not background_allowed() or is_cached(kernel, sig):
+        compile_now(kernel, sig)
+        return kernel
+    job = BACKGROUND.submit(Job(kernel.py_func.__module__, kernel.py_func.__name__, sig=sig))
+    standin = _STANDINS[(kernel, sig)] = Standin(kernel, twin, job)
+    return standin
+
+
+def warm_up(name: str, key: str, function: Callable, make_args: Callable[[], tuple]) -> Callable[[], bool]:
+    """A check of whether the kernels behind `function(*make_args())` are in the cache. When they may
+    not be, that call is queued for the background process; the check turns True once it has run.
+    `key` names everything the kernels depend on (a marker file in the cache records it)."""
+    digest = hashlib.sha256(f"{numba.__version__}|{key}".encode()).hexdigest()[:16]
+    marker = f"{name}-{digest}.warm"
+    if not background_allowed() or (cache_dir() / marker).exists():
+        return lambda: True
+    job = BACKGROUND.submit(Job(function.__module__, function.__name__, args=make_args(), marker=marker))
+    return lambda: BACKGROUND.done(job)
+
+
+def wait_for_compiles() -> None:
+    """Block until the background process has compiled everything queued so far."""
+    BACKGROUND.wait()
+
+
+def pending() -> bool:
+    """Whether any kernel still runs as its twin (a background compile is queued or running)."""
+    with BACKGROUND.lock:
+        BACKGROUND._advance()
+        return bool(BACKGROUND.queued or BACKGROUND.running)
+
+
+def source_key(*modules) -> str:
+    """A digest of these modules' sources: a marker made for other code is not taken as warm."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def _work() -> int:
+    jobs: list[Job] = pickle.loads(sys.stdin.buffer.read())
+    failed = 0
+    for job in jobs:
+        try:
+            job.run()
+        except Exception:  # noqa: BLE001 -- one failed job leaves the rest to run; the log says why
+            log.exception("background compile of %s.%s failed", job.module, job.name)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig()
+    sys.exit(_work())

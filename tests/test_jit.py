@@ -1,0 +1,216 @@
+"""Cold starts: each CPU kernel's numpy twin computes what the kernel computes; a run on an empty
+kernel cache starts on the twins, gives the same tokens, and leaves a cache that the next run
+uses without compiling anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from mnngpu import jit
+from mnngpu.backends.cpu.ops import attention, fastmath, norm, rope
+from mnngpu.backends.cpu.ops import linear_kernels as kernels
+from tests import reference
+
+RNG_SEED = 7
+
+
+def _layer(rng, oc: int, ic: int, bits: int, block: int):
+    """(codes, alpha, k) in the kernels' layout, and the float64 weights they stand for."""
+    levels, scales, zeros = reference.random_levels(rng, oc, ic, bits, block)
+    codes = reference.pack_high_nibble_first(levels) if bits == 4 else levels
+    alpha = np.ascontiguousarray(np.stack([zeros, scales], axis=-1))   # (min, scale), k = 0
+    weights = levels.astype(np.float64) * np.repeat(scales, block, 1) + np.repeat(zeros, block, 1)
+    return codes, alpha, np.float32(0.0), weights
+
+
+def _gemv_scratch(ic: int, block: int) -> tuple:
+    return (np.empty(ic // 2, np.float32), np.empty(ic // 2, np.float32), np.empty(ic // block, np.float32),
+            np.empty(0, np.int16), np.empty(0, np.float32))
+
+
+def _both(kernel, make_args, outputs: tuple[int, ...]) -> list[tuple]:
+    """Run the kernel and its twin on equal fresh arguments; the pairs of their outputs."""
+    twin = jit.TWINS[kernel]
+    got_kernel, got_twin = make_args(), make_args()
+    jit.runnable(kernel, got_kernel)(*got_kernel)   # compiled here: the suite runs without stand-ins
+    twin(*got_twin)
+    return [(got_kernel[i], got_twin[i]) for i in outputs]
+
+
+@pytest.mark.parametrize("bits, block", [(4, 64), (4, 32), (8, 64), (8, 0)])
+@pytest.mark.parametrize("kernel", [kernels.gemv_group, kernels.gemv_group_serial])
+def test_gemv_group_twin(kernel, bits, block):
+    rng = np.random.default_rng(RNG_SEED)
+    ic = 128
+    block = block or ic
+    layers = [_layer(rng, oc, ic, bits, block) for oc in (96, 40)]
+    bias = [rng.normal(size=96).astype(np.float32), np.zeros(0, np.float32)]
+    x = rng.normal(size=ic).astype(np.float32)
+
+    def args():
+        return (tuple(c for c, _, _, _ in layers), tuple(a for _, a, _, _ in layers),
+                tuple(k for _, _, k, _ in layers), tuple(bias), kernels.row_spans([96, 40]), x, bits == 4,
+                block, *_gemv_scratch(ic, block), (np.empty(96, np.float32), np.empty(40, np.float32)))
+
+    (compiled, twin), = _both(kernel, args, (13,))
+    for m, (_, _, _, weights) in enumerate(layers):
+        want = weights @ x + (bias[m] if bias[m].size else 0)
+        reference.assert_close(compiled[m], want, 1e-5)
+        reference.assert_close(twin[m], want, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", [kernels.gemv_gated, kernels.gemv_gated_serial])
+def test_gemv_gated_twin(kernel):
+    rng = np.random.default_rng(RNG_SEED)
+    ic, oc, block = 128, 80, 64
+    gate, up = _layer(rng, oc, ic, 4, block), _layer(rng, oc, ic, 4, block)
+    x = rng.normal(size=ic).astype(np.float32)
+    empty = np.zeros(0, np.float32)
+
+    def args():
+        return ((gate[0], up[0]), (gate[1], up[1]), (gate[2], up[2]), (empty, empty), x, True, block,
+                *_gemv_scratch(ic, block), np.empty(oc, np.float32))
+
+    (compiled, twin), = _both(kernel, args, (12,))
+    want = reference.silu_mul(up[3] @ x, gate[3] @ x)
+    reference.assert_close(compiled, want, 1e-4)
+    reference.assert_close(twin, want, 1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_rows_twin(bits):
+    rng = np.random.default_rng(RNG_SEED)
+    codes, alpha, k, weights = _layer(rng, 48, 128, bits, 32)
+
+    def args():
+        return codes, alpha, k, bits == 4, 32, 8, np.empty((24, 128), np.float32)
+
+    (compiled, twin), = _both(kernels.dequantize_rows, args, (6,))
+    reference.assert_close(compiled, weights[8:32], 1e-6)
+    reference.assert_close(twin, weights[8:32], 1e-6)
+
+
+@pytest.mark.parametrize("kernel, shape", [(kernels.mul_silu, (5, 33)), (fastmath.silu_times, (70,))])
+def test_silu_twins(kernel, shape):
+    rng = np.random.default_rng(RNG_SEED)
+    up, gate = (rng.normal(0, 4, size=shape).astype(np.float32) for _ in range(2))
+    (compiled, twin), = _both(kernel, lambda: (up, gate, np.empty(shape, np.float32)), (2,))
+    reference.assert_close(compiled, reference.silu_mul(up, gate), 1e-4)
+    reference.assert_close(twin, reference.silu_mul(up, gate), 1e-6)
+
+
+def test_attend_one_twin():
+    rng = np.random.default_rng(RNG_SEED)
+    heads, kv_heads, dim, capacity, total = 4, 2, 16, 32, 11
+    q = rng.normal(size=(heads, dim)).astype(np.float32)
+    keys, values = (rng.normal(size=(kv_heads, capacity, dim)).astype(np.float32) for _ in range(2))
+    scale = np.float32(dim ** -0.5)
+
+    def args():
+        return q, keys, values, total, scale, np.empty((heads, total), np.float32), np.empty((heads, dim), np.float32)
+
+    (compiled, twin), = _both(attention.attend_one, args, (6,))
+    # the reference's layout: (seq, heads, dim), one query after total - 1 cached keys
+    k = keys[:, :total].transpose(1, 0, 2)
+    v = values[:, :total].transpose(1, 0, 2)
+    want = reference.causal_attention(q[None], k, v, total - 1, float(scale))[0]
+    reference.assert_close(compiled, want, 1e-4)
+    reference.assert_close(twin, want, 1e-5)
+
+
+def test_causal_softmax_twin():
+    rng = np.random.default_rng(RNG_SEED)
+    scores = rng.normal(0, 3, size=(6, 9)).astype(np.float32)
+    (compiled, twin), = _both(attention.causal_softmax, lambda: (scores.copy(), 2, 4), (0,))
+    visible = 4 + np.arange(6) // 2
+    want = np.where(np.arange(9) < visible[:, None], np.exp(scores.astype(np.float64)), 0.0)
+    want /= want.sum(axis=1, keepdims=True)
+    reference.assert_close(compiled, want, 1e-4)
+    reference.assert_close(twin, want, 1e-6)
+
+
+@pytest.mark.parametrize("rms", [True, False])
+def test_norm_rows_twin(rms):
+    rng = np.random.default_rng(RNG_SEED)
+    x = rng.normal(1, 2, size=(5, 40)).astype(np.float32)
+    gamma, beta = rng.normal(size=40).astype(np.float32), rng.normal(size=40).astype(np.float32)
+    beta_used = np.zeros(0, np.float32) if rms else beta
+    (compiled, twin), = _both(norm.norm_rows, lambda: (x, gamma, beta_used, 1e-5, rms, np.empty_like(x)), (5,))
+    want = reference.rms_norm(x, gamma, 1e-5) if rms else reference.layer_norm(x, gamma, beta, 1e-5)
+    reference.assert_close(compiled, want, 1e-5)
+    reference.assert_close(twin, want, 1e-5)
+
+
+@pytest.mark.parametrize("split", [8, 5])
+def test_rope_rotate_half_twin(split):
+    rng = np.random.default_rng(RNG_SEED)
+    seq, heads, dim = 3, 2, 16
+    x = rng.normal(size=(seq, heads, dim)).astype(np.float32)
+    cos, sin = (rng.normal(size=(seq, dim)).astype(np.float32) for _ in range(2))
+    (compiled, twin), = _both(rope.rope_rotate_half, lambda: (x, cos, sin, split, np.empty_like(x)), (4,))
+    rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
+    want = x * cos[:, None] + rotated * sin[:, None]
+    reference.assert_close(compiled, want, 1e-6)
+    reference.assert_close(twin, want, 1e-6)
+
+
+# ---- a whole run on an empty cache ------------------------------------------------------------------------
+
+RUN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from numba.core.registry import CPUDispatcher
+    from mnngpu import jit, llm
+    from mnngpu.demo import demo_model_dir
+
+    model = llm.create(str(demo_model_dir() / "config.json"))
+    model.set_config({"sampler_type": "greedy", "thread_num": 2})
+    model.load()
+    ids = model.tokenizer_encode("Once upon a time")
+    report = {"tokens": model.generate(ids, max_new_tokens=12)}
+    report.update(standins=len(jit._STANDINS), pending=jit.pending())
+    if sys.argv[1] == "wait":
+        jit.wait_for_compiles()
+        model.reset()
+        report["tokens_after"] = model.generate(ids, max_new_tokens=12)
+        report["all_compiled"] = all(s.compiled for s in jit._STANDINS.values())
+    report["misses"] = sorted(f"{name}.{attr}" for name, module in list(sys.modules.items())
+                              if name.startswith("mnngpu") for attr, value in vars(module).items()
+                              if isinstance(value, CPUDispatcher) and sum(value.stats.cache_misses.values()))
+    print(json.dumps(report))
+""")
+
+
+def _run(mode: str, cache) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), jit.ENV_SWITCH: "1"}
+    done = subprocess.run([sys.executable, "-c", RUN_SCRIPT, mode], env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cold_cache_runs_on_twins_then_the_cache_is_used(tmp_path):
+    from mnngpu import llm
+    from mnngpu.demo import demo_model_dir
+
+    model = llm.create(str(demo_model_dir() / "config.json"))
+    model.set_config({"sampler_type": "greedy", "thread_num": 2})
+    model.load()
+    want = model.generate(model.tokenizer_encode("Once upon a time"), max_new_tokens=12)
+
+    cold = _run("wait", tmp_path)
+    assert cold["standins"] > 0 and cold["pending"]      # it did start on the twins
+    assert cold["tokens"] == want                        # ... and they gave the compiled kernels' tokens
+    assert cold["all_compiled"] and cold["tokens_after"] == want
+    assert any(tmp_path.glob("tokenizer-*.warm"))
+
+    warm = _run("once", tmp_path)
+    assert warm["standins"] == 0 and not warm["pending"]
+    assert warm["misses"] == []                          # every kernel came from the cache
+    assert warm["tokens"] == want
