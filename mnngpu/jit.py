@@ -138,6 +138,9 @@ class Background:
             self.finished.update(jobs)
             self.running = None
         if self.running is None and self.queued:
+            if not self.finished:
+                warnings.warn("compiling kernels in the background (the first run on this machine only); "
+                              "numpy stands in until they are ready", stacklevel=2)
             jobs, self.queued = self.queued, []
             self.running = (_start_worker(jobs), jobs)
 

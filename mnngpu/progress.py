@@ -12,8 +12,6 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from mnngpu import jit
-
 BAR_WIDTH = 24
 
 
@@ -54,11 +52,8 @@ def ready_line(model, seconds: float) -> str:
     """`ready: NAME (TYPE, N layers, hidden H, W MB of weights) on BACKEND in S s`."""
     cfg = model.config
     weights_mb = _file_size(cfg.weight_path) / 1e6
-    line = (f"ready: {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}, "
+    return (f"ready: {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}, "
             f"{weights_mb:.1f} MB of weights) on {cfg.backend_type} in {seconds:.2f} s")
-    if jit.pending():
-        line += "; kernels compiling in the background (first run only), numpy meanwhile"
-    return line
 
 
 def _file_size(path) -> int:

@@ -192,7 +192,7 @@ def _run(mode: str, cache) -> dict:
     done = subprocess.run([sys.executable, "-c", RUN_SCRIPT, mode], env=env, capture_output=True, text=True,
                           timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 def test_cold_cache_runs_on_twins_then_the_cache_is_used(tmp_path):
@@ -206,11 +206,13 @@ def test_cold_cache_runs_on_twins_then_the_cache_is_used(tmp_path):
 
     cold = _run("wait", tmp_path)
     assert cold["standins"] > 0 and cold["pending"]      # it did start on the twins
+    assert "compiling kernels in the background" in cold["stderr"]
     assert cold["tokens"] == want                        # ... and they gave the compiled kernels' tokens
     assert cold["all_compiled"] and cold["tokens_after"] == want
     assert any(tmp_path.glob("tokenizer-*.warm"))
 
     warm = _run("once", tmp_path)
     assert warm["standins"] == 0 and not warm["pending"]
+    assert "compiling" not in warm["stderr"]
     assert warm["misses"] == []                          # every kernel came from the cache
     assert warm["tokens"] == want
