@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_description
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
     models = args.models or [FIXTURE] + ([BENCH_MODEL] if (BENCH_MODEL / "config.json").exists() else [])
-    print(f"prompt {args.prompt_len} tokens, {args.decode} decode steps\n")
+    print(f"prompt {args.prompt_len} tokens, {args.decode} decode steps")
+    print(cpu_description() + "\n")
     print("| model | backend | precision | load s | first prefill+decode s | prefill tok/s | decode tok/s | ms/token |")
     print("|---|---|---|---|---|---|---|---|")
     for model_dir in models:

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from machine import cpu_description
+
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 
@@ -134,7 +136,7 @@ METRICS = [("decode_tok_s", "decode tok/s", True), ("prefill_tok_s", "prefill to
 def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: float | None) -> str:
     title = (f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
              f"rounds {args.rounds}")
-    lines = [title, ""]
+    lines = [title, cpu_description(), ""]
     lines.append(f"| {'metric':26s} | {'mnngpu':>18s} | {'MNN':>18s} | {'mnngpu / MNN':>12s} |")
     lines.append(f"| {'-' * 26} | {'-' * 17}: | {'-' * 17}: | {'-' * 11}: |")
     for key, label, higher_is_better in METRICS:

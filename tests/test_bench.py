@@ -132,3 +132,7 @@ def test_compare_mnn_reports_both_engines():
         row = next(line for line in lines if line.startswith(f"| {metric} "))
         assert row.rstrip().endswith("x |")
     assert any(line.startswith("mnngpu decode streams") for line in lines)
+    cpu_line = next(line for line in lines if line.startswith("CPU: "))   # figures name their machine
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    assert model is None or model in cpu_line
