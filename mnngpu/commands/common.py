@@ -24,6 +24,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["low", "normal", "high"])
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="any config key; VALUE is JSON or a plain string (repeatable)")
+    parser.add_argument("--show-special", action="store_true",
+                        help="show the special tokens a reply holds (hidden by default)")
     group = parser.add_argument_group("sampling")
     group.add_argument("--sampler", help="sampler_type: greedy, temperature, topK, topP, minP, tfs, typical, "
                                          "penalty or mixed")
