@@ -227,8 +227,10 @@ class ChatSession:
         return reply
 
     def keep_interrupted(self, user_text: str, partial_reply: str) -> None:
-        """A reply cut short by an exception: keep the turn as far as it was shown."""
-        self._add_turn(user_text, partial_reply)
+        """A reply cut short by an exception: keep the turn as far as it was shown (not at all when
+        nothing was)."""
+        if partial_reply:
+            self._add_turn(user_text, partial_reply)
 
     def make_room(self, user_text: str, max_new_tokens: int | None = None) -> int:
         """Drop the oldest turns until asking `user_text` leaves room for a reply of max_new_tokens

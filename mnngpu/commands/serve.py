@@ -80,10 +80,8 @@ def run(args) -> int:
         host, port = listener.getsockname()[:2]
         print(f"serving {served.name} on http://{_url_host(host)}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr,
               flush=True)
-        try:
-            server.run(sockets=[listener])
-        except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has stopped
-            print("stopped", file=sys.stderr)
+        server.run(sockets=[listener])
+        print("stopped", file=sys.stderr)
     finally:
         listener.close()
     return 0

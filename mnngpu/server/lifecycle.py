@@ -2,7 +2,8 @@
 
 The first Ctrl-C (or SIGTERM) stops the model's queue, so replies being streamed end with
 their final event, and uvicorn stops accepting and waits for open responses. A second one
-ends the process at once: the worker thread may be inside a forward that cannot be cut.
+ends the process at once (exit 130): the worker thread may be inside a forward that cannot be
+cut. A graceful stop exits 0.
 """
 
 from __future__ import annotations
@@ -54,3 +55,4 @@ class GracefulServer(uvicorn.Server):
         print(f"stopping ({name}): no new requests; replies in progress end now", file=sys.stderr, flush=True)
         self.served.stop()
         super().handle_exit(sig, frame)
+        self._captured_signals.clear()  # a graceful stop is a normal end: uvicorn need not raise it again
