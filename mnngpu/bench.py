@@ -181,7 +181,8 @@ def _size(nbytes: int) -> str:
 
 
 class MarkdownTable:
-    """The header, separator and rows as llm_bench prints them (its field widths and alignment)."""
+    """The header, separator and rows of llm_bench's table, each column as wide as its header and
+    its usual values, so rows printed one by one line up (llm_bench's own widths do not)."""
 
     def __init__(self, tests: list[TestCase], loading_time: bool = False):
         speed = "speed(tok/s)" if any(t.shared_kv for t in tests) else "t/s"
@@ -192,11 +193,12 @@ class MarkdownTable:
     @staticmethod
     def width(name: str) -> int:
         """Negative: left-aligned (llm_bench's strings), positive: right-aligned (its numbers)."""
-        fixed = {"model": -30, "threads": 5, "test": -13}
+        fixed = {"model": -30, "threads": 7, "test": -13,
+                 "t/s": 18, "speed(tok/s)": 38}  # room for "12345.67 ± 1234.56", twice for pp+tg
         if name in fixed:
             return fixed[name]
         width = max(len(name), 10)
-        return width if name in ("t/s", "modelSize") else -width
+        return width if name == "modelSize" else -width
 
     def _line(self, values: list[str]) -> str:
         cells = []

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    for command in subparsers.choices.values():  # `mnngpu run --debug` as well as `mnngpu --debug run`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return parser
 
 

@@ -29,6 +29,7 @@ from mnngpu.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 SET_CONFIG = "set_config()"  # the "file" an override is blamed on
+COMMAND_LINE = ""  # overrides from the command line: errors name the key alone, as its flag does
 
 KNOWN_BACKENDS: tuple[str, ...] = tuple(REGISTRY)
 LEVELS = ("low", "normal", "high")  # precision, power, memory
@@ -278,6 +279,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "penalty": ("a number", _is_number),
     "base_dir": ("a string", _is_str),
     "mllm": ("a JSON object", _is_dict),
+    "seed": ("an integer >= 0", _int_at_least(0)),  # mnngpu's own: MNN's sampler has no seed
 }
 
 _JINJA_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
@@ -294,6 +296,10 @@ def _rule_for(key: str) -> tuple[str, Callable[[Any], bool]] | None:
     if key in DEFAULTS:
         return _BY_TYPE_OF_DEFAULT[type(DEFAULTS[key])]
     return None
+
+
+def _blamed(source: str | None, key: str) -> str:
+    return f"{source}: {key}" if source else key
 
 
 def _shown(value: Any) -> str:
@@ -411,8 +417,9 @@ class LlmConfig:
                 self._record_origins(value, source, prefix + key + ".")
 
     def origin(self, dotted_key: str) -> str | None:
-        """The file (or set_config()) that set the key's current value; None for MNN's default."""
-        return self._origin(dotted_key)
+        """The file (or set_config()) that set the key's current value; None for MNN's default
+        or the command line."""
+        return self._origin(dotted_key) or None
 
     def _origin(self, dotted_key: str) -> str | None:
         while dotted_key:
@@ -431,21 +438,22 @@ class LlmConfig:
 
     # ---- overrides and checks ------------------------------------------------------------
 
-    def set_config(self, overrides: str | Mapping[str, Any]) -> None:
+    def set_config(self, overrides: str | Mapping[str, Any], source: str = SET_CONFIG) -> None:
         """Deep-merge overrides (a JSON object string or a dict) on top; then re-check everything.
+        Errors and warnings blame `source` (COMMAND_LINE: no file, only the key).
 
         On a bad value the error is raised and the configuration is left as it was."""
         if isinstance(overrides, str):
-            overrides = _parse_object(overrides, SET_CONFIG)
+            overrides = _parse_object(overrides, source)
         elif not isinstance(overrides, Mapping):
             raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}",
-                              path=SET_CONFIG)
+                              path=source or None)
         overrides = dict(overrides)
         if "base_dir" in overrides:
-            warnings.warn(f"{SET_CONFIG}: base_dir: ignored; as in MNN, only config.json can set it",
+            warnings.warn(f"{_blamed(source, 'base_dir')}: ignored; as in MNN, only config.json can set it",
                           ConfigWarning, stacklevel=2)
         before = (self._raw, dict(self._origins))
-        self._merge(overrides, SET_CONFIG)
+        self._merge(overrides, source)
         try:
             self.validate()
         except ConfigError:
@@ -461,7 +469,7 @@ class LlmConfig:
             rule = _rule_for(key)
             if rule is None and key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(f"{self._origin(key)}: {key}: not a key MNN reads; ignored (a typo?)",
+                warnings.warn(f"{_blamed(self._origin(key), key)}: not a key MNN reads; ignored (a typo?)",
                               ConfigWarning, stacklevel=3)
             elif rule is not None and not rule[1](value):
                 self._fail(key, rule[0], value)
@@ -474,7 +482,7 @@ class LlmConfig:
                 self._fail(f"jinja.{key}", expected, jinja[key])
 
     def _fail(self, key: str, expected: str, value: Any) -> None:
-        raise ConfigError(f"expected {expected}, got {_shown(value)}", path=self._origin(key), field=key)
+        raise ConfigError(f"expected {expected}, got {_shown(value)}", path=self._origin(key) or None, field=key)
 
     def validate_backend(self) -> None:
         """Check backend_type names a backend mnngpu has (whether its driver is present is

@@ -201,8 +201,10 @@ class Llm:
         """Whether one more token fits in max_all_tokens."""
         return self.runtime.kv_meta.kept + 1 <= self.config.max_all_tokens
 
-    def generate(self, ids, max_new_tokens: int | None = None, on_token=None) -> list[int]:
-        """New ids after `ids`, until a stop id or max_new_tokens (the config's when None)."""
+    def generate(self, ids, max_new_tokens: int | None = None, on_token=None, stop_ids=None) -> list[int]:
+        """New ids after `ids`, until a stop id or max_new_tokens (the config's when None).
+
+        The stop ids are the tokenizer's, as in MNN, unless `stop_ids` names others."""
         self._require_loaded()
         limit = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
@@ -228,7 +230,7 @@ class Llm:
         ended_on_stop_id = []
 
         def is_stop(token: int) -> bool:
-            stop = self.tokenizer.is_stop(token)
+            stop = self.tokenizer.is_stop(token) if stop_ids is None else token in stop_ids
             if stop:
                 ended_on_stop_id.append(token)
             return stop

@@ -82,16 +82,23 @@ def test_each_repeat_does_llm_bench_work_and_the_warm_up_is_dropped(test, per_re
     assert len(result.decode_speeds) == (2 if test.n_gen else 0)
 
 
-def test_table_matches_llm_bench_layout():
+def bar_positions(line: str) -> list[int]:
+    return [i for i, char in enumerate(line) if char == "|"]
+
+
+def test_table_has_llm_bench_columns_and_they_line_up():
     table = bench.MarkdownTable(bench.test_cases([512], [128], []))
-    assert table.header().splitlines() == [
-        "| model                          |  modelSize | backend    | threads | precision  | test          |        t/s |",
-        "| ------------------------------ | ---------: | ---------- | ----: | ---------- | ------------- | ---------: |",
-    ]
+    header, separator = table.header().splitlines()
+    assert [cell.strip() for cell in header.split("|")[1:-1]] == [
+        "model", "modelSize", "backend", "threads", "precision", "test", "t/s"]
+    assert separator.split("|")[2].strip().endswith(":") and separator.split("|")[3].strip().endswith("-")
     runtime = bench.RuntimeCase(MODEL, "cpu", "low", "low", 2)
-    result = bench.BenchResult(runtime, bench.TestCase(512, 0), "qwen", 309191306, prefill_speeds=[90.0, 100.0, 110.0])
-    assert table.row(result) == ("| qwen                           | 294.87 MiB | CPU        |     2 | Low        "
-                                 "| pp512         | 100.00 ± 10.00 |")
+    result = bench.BenchResult(runtime, bench.TestCase(512, 0), "qwen", 309191306,
+                               prefill_speeds=[9000.0, 10000.0, 11000.0])
+    row = table.row(result)
+    assert [cell.strip() for cell in row.split("|")[1:-1]] == [
+        "qwen", "294.87 MiB", "CPU", "2", "Low", "pp512", "10000.00 ± 1000.00"]
+    assert bar_positions(header) == bar_positions(separator) == bar_positions(row)
 
 
 def test_pg_rows_report_prefill_and_decode():
@@ -100,8 +107,9 @@ def test_pg_rows_report_prefill_and_decode():
     runtime = bench.RuntimeCase(MODEL, "cpu", "high", "low", 2)
     result = bench.BenchResult(runtime, bench.TestCase(512, 128, True), "qwen", 2 << 30,
                                prefill_speeds=[60.0, 62.0], decode_speeds=[25.0, 25.0])
-    assert table.row(result).endswith("| High       | pp512+tg128   | 61.00 ± 1.41<br>25.00 ± 0.00 |")
+    assert table.row(result).split("|")[-3:-1] == [" pp512+tg128   ", " 61.00 ± 1.41<br>25.00 ± 0.00 ".rjust(40)]
     assert "2.00 GiB" in table.row(result)
+    assert bar_positions(table.row(result)) == bar_positions(table.header().splitlines()[0])
 
 
 def test_bench_command_prints_one_row_per_test():
@@ -110,7 +118,9 @@ def test_bench_command_prints_one_row_per_test():
         code = cli.main(["bench", "-m", str(MODEL), "-t", "1", "-c", "low", "-p", "8", "-n", "3", "-pg", "4,2",
                          "-rep", "2"])
     assert code == 0
-    rows = [line for line in out.getvalue().splitlines() if line.startswith("| qwen2_int4_b64")]
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("| model ") and lines[2].startswith("| qwen2_int4_b64")  # the header, then rows
+    rows = [line for line in lines if line.startswith("| qwen2_int4_b64")]
     assert [row.split("|")[6].strip() for row in rows] == ["pp8", "tg3", "pp4+tg2"]
     speeds = [row.split("|")[7] for row in rows]
     assert "<br>" in speeds[2]
@@ -118,6 +128,12 @@ def test_bench_command_prints_one_row_per_test():
         for part in cell.split("<br>"):
             mean, std = (float(v) for v in part.split("±"))
             assert mean > 0 and std >= 0
+
+
+def test_bench_threads_default_to_the_cores_this_process_may_use():
+    import os
+
+    assert cli.build_parser().parse_args(["bench"]).threads == [len(os.sched_getaffinity(0))]
 
 
 def test_compare_mnn_reports_both_engines():

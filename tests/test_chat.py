@@ -185,3 +185,95 @@ def test_ctrl_c_stops_the_reply_not_the_program():
         chat.kill()
         chat.wait()
     assert b" [stopped]\n" in seen
+
+
+# ---- chat as a terminal program (a pty, as a user types) ---------------------------------------------------------
+
+UP, LEFT = "\x1b[A", "\x1b[D"
+
+
+def spawn_chat(*extra: str, env: dict | None = None):
+    pexpect = pytest.importorskip("pexpect")
+    command = chat_command(*extra)
+    chat = pexpect.spawn(command[0], command[1:], encoding="utf-8", codec_errors="replace", timeout=120, env=env)
+    chat.expect("User: ")
+    return chat
+
+
+def finish(chat) -> int:
+    import pexpect
+
+    chat.expect(pexpect.EOF)
+    chat.close()
+    return chat.exitstatus
+
+
+def test_help_lists_the_commands_and_an_unknown_one_never_reaches_the_model():
+    chat = spawn_chat("-n", "4")
+    try:
+        chat.sendline("/help")
+        chat.expect("User: ")
+        assert all(name in chat.before for name in ("/help", "/reset", "/exit"))
+        chat.sendline("/resett")
+        chat.expect("User: ")
+        assert "error: unknown command /resett" in chat.before and "A: " not in chat.before
+        chat.sendline("/exit")
+        assert finish(chat) == 0
+    finally:
+        chat.close(force=True)
+
+
+def test_lines_are_edited_and_recalled_with_the_arrow_keys():
+    chat = spawn_chat("-n", "4")
+    try:
+        chat.sendline("/help")
+        chat.expect("User: ")
+        chat.send(UP + "\r")  # the last line again
+        chat.expect("User: ")
+        assert "/reset" in chat.before
+        chat.send(f"/eit{LEFT}{LEFT}x\r")  # "/exit", with the x put in place
+        assert finish(chat) == 0
+    finally:
+        chat.close(force=True)
+
+
+def test_ctrl_c_stops_the_first_reply_while_kernels_compile_and_the_chat_goes_on(tmp_path):
+    cold = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # nothing compiled yet
+    chat = spawn_chat("-n", "64", env=cold)
+    try:
+        chat.sendline(CHAT_QUESTION)
+        chat.expect("A: ")
+        chat.sendintr()
+        chat.expect(r"\[stopped\]")
+        chat.expect("User: ")
+        chat.sendline("/exit")
+        assert finish(chat) == 0
+    finally:
+        chat.close(force=True)
+
+
+def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns_and_goes_on():
+    too_long = "word " * 80  # alone more than max_all_tokens: an error for that turn, not for the chat
+    lines = "".join(f"{text}\n" for text in [*TURNS, too_long, TURNS[0]]) + "/exit\n"
+    done = subprocess.run(chat_command("-n", "8", "--config", "max_all_tokens=64"), input=lines,
+                          capture_output=True, text=True, timeout=120, errors="replace", check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(replies(done.stdout)) == len(TURNS) + 2
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    assert notes and all("outgrew max_all_tokens=64" in note for note in notes)
+    assert any(line.startswith("error: ") and "max_all_tokens" in line for line in done.stderr.splitlines())
+
+
+def test_dropping_turns_keeps_the_newest_ones_that_fit():
+    model = load_model(reuse_kv=True, max_all_tokens=96)
+    session = ChatSession(model)
+    for text in TURNS[:2]:
+        session.ask(text, max_new_tokens=8)
+    before = list(session.messages)
+    dropped = session.make_room(TURNS[2], max_new_tokens=8)
+    assert dropped >= 1 and len(session.messages) == len(before) - 2 * dropped
+    assert session.messages == before[2 * dropped:]  # the newest turns, whole
+    prompt = hf_render([*session.messages, {"role": "user", "content": TURNS[2]}])
+    assert hf_count(prompt) + min(8, 96 // 4) <= 96
+    reply = session.ask(TURNS[2], max_new_tokens=8)
+    assert model.context.prompt_len == hf_count(prompt) and reply.cached_tokens == 0

@@ -146,3 +146,146 @@ def test_every_package_the_cli_imports_is_in_the_wheel():
     found = {".".join(("mnngpu", *init.parent.relative_to(root / "mnngpu").parts))
              for init in (root / "mnngpu").rglob("__init__.py")}
     assert found <= listed
+
+
+# ---- what a new user meets first -----------------------------------------------------------------------------
+
+DEMO_FLAGS = [*CLI_ORACLE_FLAGS, "--sampler", "greedy"]
+STORY_REQUEST = "Tell me a long story"
+
+
+def demo_mnn_text(prompt: str, steps: int, tmp_path: Path) -> str:
+    """MNN's own greedy continuation of `prompt` on the demo model, special tokens and all."""
+    import json
+
+    from mnngpu.demo import DEMO_MODEL_DIR
+    from mnngpu.tokenizer import load_tokenizer
+
+    out = tmp_path / "mnn.json"
+    subprocess.run([sys.executable, str(Path(__file__).parent / "mnn_oracle.py"), str(DEMO_MODEL_DIR),
+                    "--prompts-json", json.dumps([prompt]), "--steps", str(steps), "--json-out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    ids = json.loads(out.read_text())["prompts"][0]["greedy"]
+    tokenizer = load_tokenizer(DEMO_MODEL_DIR, "tokenizer.mtok")
+    return "".join(tokenizer.decode(i) for i in ids)
+
+
+def demo_chat_prompt(text: str) -> str:
+    """The demo's chat template, rendered by jinja2 itself."""
+    import json
+
+    import jinja2
+
+    from mnngpu.demo import DEMO_MODEL_DIR
+
+    template = json.loads((DEMO_MODEL_DIR / "llm_config.json").read_text())["jinja"]["chat_template"]
+    return jinja2.Template(template).render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def test_run_prints_no_chat_markup_and_stops_at_the_end_of_the_turn(capsys, tmp_path):
+    pytest.importorskip("MNN")
+    mnn = demo_mnn_text(demo_chat_prompt(STORY_REQUEST), 40, tmp_path)
+    assert mnn.startswith("<|im_start|>assistant\n")  # the demo writes the turn's opening again
+    turn = mnn.split("<|im_end|>")[0]
+    assert main(["run", "-p", STORY_REQUEST, *DEMO_FLAGS]) == 0
+    assert capsys.readouterr().out == turn.removeprefix("<|im_start|>assistant\n") + "\n"
+    assert main(["run", "-p", STORY_REQUEST, *DEMO_FLAGS, "--show-special"]) == 0
+    assert capsys.readouterr().out == turn + "\n"
+
+
+def test_run_stops_at_end_of_text_though_mnns_stop_ids_do_not(capsys):
+    from tests.reference_model import hf_tokenizer, recorded, stop_ids
+
+    text = "café 日本語 👍🏽 12345"
+    greedy = recorded(text)["greedy"]
+    end_of_text = hf_tokenizer().token_to_id("<|endoftext|>")
+    assert end_of_text in greedy and end_of_text not in stop_ids()
+    before = greedy[:greedy.index(end_of_text)]
+    code, out, err = run_cli(capsys, "-p", text, "--no-template", "-n", "16")
+    assert code == 0 and out == hf_tokenizer().decode(before) + "\n"
+    assert stat(err, "decode tokens num") == len(before)
+
+
+def test_run_without_p_reads_a_piped_prompt_and_its_help_names_the_default():
+    done = subprocess.run([sys.executable, "-m", "mnngpu", "run", str(MODEL_DIR), *CLI_ORACLE_FLAGS, "--sampler",
+                           "greedy", "--no-template", "-n", "8"], input=RAW_PROMPT + "\n", capture_output=True,
+                          text=True, timeout=120, check=False, errors="replace")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == greedy_reply(RAW_PROMPT, 8)[1] + "\n"
+    assert stat(done.stderr, "prompt tokens num") == hf_count(RAW_PROMPT)
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "Once upon a time" in run_help and "stdin" in run_help
+
+
+def test_seed_is_no_unknown_key_and_makes_sampling_repeatable(capsys):
+    replies = []
+    for _ in range(2):
+        code, out, err = run_cli(capsys, "-p", RAW_PROMPT, "--no-template", "-n", "8", "--sampler", "temperature",
+                                 "--temperature", "1.5", "--seed", "11")
+        assert code == 0 and "warning" not in err
+        replies.append(out)
+    assert replies[0] == replies[1]
+
+
+def test_a_bad_command_line_setting_is_blamed_on_its_key_alone(capsys):
+    code, _, err = run_cli(capsys, "-p", "x", "--config", "max_all_tokens=0")
+    assert code == 2 and err.splitlines()[-1] == "error: max_all_tokens: expected an integer >= 1, got 0"
+    code, _, err = run_cli(capsys, "-p", "x", "-n", "1", "--config", "max_al_tokens=9")
+    assert "warning: max_al_tokens: not a key MNN reads" in err and "set_config()" not in err
+
+
+def copy_of_fixture(tmp_path: Path) -> Path:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, folder, ignore=shutil.ignore_patterns("hf"))
+    return folder
+
+
+def test_a_text_file_named_llm_mnn_is_not_an_mnn_model_file(capsys, tmp_path):
+    folder = copy_of_fixture(tmp_path)
+    (folder / "llm.mnn").write_text("this is a text file\n")
+    assert main(["inspect", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / 'llm.mnn'}: Net: not an MNN model file") and err.count("\n") == 1
+
+
+def test_ready_is_printed_only_once_the_tokenizer_has_loaded(capsys, tmp_path):
+    import json
+
+    folder = copy_of_fixture(tmp_path)
+    tokenizer_file = json.loads((folder / "config.json").read_text())["tokenizer_file"]
+    (folder / tokenizer_file).write_bytes(b"not a tokenizer")
+    assert main(["run", str(folder), "-p", "x", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ready:" not in err and tokenizer_file in err.splitlines()[-1]
+
+
+def test_inspect_without_a_folder_inspects_the_demo_model(capsys):
+    import json
+
+    from mnngpu.demo import DEMO_MODEL_DIR
+
+    assert main(["inspect", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == str(DEMO_MODEL_DIR)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "mnngpu/demo/model/" in readme and (DEMO_MODEL_DIR / "config.json").is_file()
+
+
+def test_debug_is_accepted_after_the_subcommand(tmp_path):
+    from mnngpu.errors import ConfigError
+
+    with pytest.raises(ConfigError):  # --debug lets the error through, with its traceback
+        main(["inspect", str(tmp_path / "missing"), "--debug"])
+
+
+def test_forward_returns_the_logits_object_the_readme_names():
+    import numpy as np
+
+    from mnngpu.llm import Logits
+
+    logits = load_model().forward([5, 6])
+    assert isinstance(logits, Logits) and isinstance(logits, np.ndarray) and logits.shape[:2] == (1, 1)
+    np.testing.assert_array_equal(logits.read(), np.asarray(logits))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "a Logits object: a numpy float32 array [1, 1, vocab]" in readme

@@ -268,3 +268,178 @@ def test_the_curl_examples_in_the_docs_work(server):
     for path, body in examples:
         response = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
         assert response.status_code == 200, (path, response.text)
+
+
+# ---- the OpenAI client, and `mnngpu serve` as a user starts it -----------------------------------------------
+
+openai = pytest.importorskip("openai")
+
+
+def openai_client(client) -> openai.OpenAI:
+    url = client.base_url
+    return openai.OpenAI(base_url=f"http://{url.host}:{url.port}/v1", api_key="unused", max_retries=0,
+                         timeout=WAIT_S)
+
+
+def test_models_retrieve_finds_the_served_model_and_no_other(server):
+    api = openai_client(server[0])
+    assert api.models.retrieve("fixture-model").id == "fixture-model"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("another-model")
+
+
+def test_an_unknown_message_role_is_a_400(server):
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client(server[0]).chat.completions.create(
+            model="fixture-model", messages=[{"role": "wizard", "content": "hi"}], max_tokens=4)
+    assert refused.value.body["param"] == "messages[0].role"
+
+
+def test_a_streamed_request_that_fails_validation_gets_its_status_before_any_event(server):
+    client, served = server
+    original = served.llm.config.max_all_tokens
+    served.llm.set_config({"max_all_tokens": 16})
+    try:
+        with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            response.read()
+        with pytest.raises(openai.BadRequestError) as refused:
+            openai_client(client).chat.completions.create(model="fixture-model", stream=True, **CHAT)
+    finally:
+        served.llm.set_config({"max_all_tokens": original})
+    assert_openai_error(response, 400)
+    assert not response.headers["content-type"].startswith("text/event-stream")
+    assert refused.value.body["code"] == "context_length_exceeded"
+
+
+def test_max_queue_counts_the_waiting_requests_not_the_running_one():
+    from mnngpu.errors import InputError
+    from mnngpu.server.protocol import ApiError, GenerationRequest
+
+    served = ServedModel(load_model(), "queue-model", max_queue=1)
+    running, release = threading.Event(), threading.Event()
+    first = served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4))
+    first.on_text = lambda piece: (running.set(), release.wait(WAIT_S))
+    try:
+        futures = [served.submit(first)]
+        assert running.wait(WAIT_S)
+        futures.append(served.submit(served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4))))  # waits
+        with pytest.raises(ApiError) as refused:
+            served.submit(served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4)))
+        assert refused.value.status == 503
+    finally:
+        release.set()
+    assert [f.result(WAIT_S).finish_reason for f in futures] == ["length", "length"]
+    served.close()
+    with pytest.raises(InputError):
+        ServedModel(served.llm, "no-queue", max_queue=0)
+
+
+class ServeProcess:
+    """`mnngpu serve` on a free port of 127.0.0.1, as a user runs it."""
+
+    def __init__(self, *extra: str):
+        import subprocess
+        import sys
+
+        from tests.reference_model import CLI_ORACLE_FLAGS, MODEL_DIR
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mnngpu", "serve", str(MODEL_DIR), *CLI_ORACLE_FLAGS, "--sampler", "greedy",
+             "--port", "0", *extra], stderr=subprocess.PIPE, text=True)
+        self.log: list[str] = []
+        while not (line := self.process.stderr.readline()).startswith("serving "):
+            assert line, "".join(self.log)
+            self.log.append(line)
+        self.port = int(re.search(r":(\d+)/v1 ", line).group(1))
+        self.api = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0,
+                                 timeout=WAIT_S)
+
+    def signal(self, number: int) -> None:
+        self.process.send_signal(number)
+
+    def finish(self) -> tuple[int, str]:
+        rest = self.process.stderr.read()
+        return self.process.wait(WAIT_S), "".join(self.log) + rest
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(WAIT_S)
+
+
+def test_serve_names_the_model_by_its_folder_logs_each_request_and_stops_on_ctrl_c():
+    import signal
+
+    from tests.reference_model import MODEL_DIR
+
+    # sampled replies never meet a stop token here, so only the signal can end the long stream
+    server = ServeProcess("--sampler", "mixed", "--config", "banned_tokens=[0,1,2]", "--config", "max_all_tokens=30000")
+    try:
+        model = server.api.models.retrieve(MODEL_DIR.name)
+        assert model.created == int(MODEL_DIR.stat().st_mtime)
+        reply = server.api.chat.completions.create(model=MODEL_DIR.name, **CHAT)
+        with pytest.raises(openai.BadRequestError):
+            server.api.chat.completions.create(model=MODEL_DIR.name, messages=[{"role": "robot", "content": "x"}])
+        stream = server.api.completions.create(model=MODEL_DIR.name, prompt=RAW_PROMPT, max_tokens=20000,
+                                               stream=True, seed=1)
+        chunks = [next(stream)]
+        server.signal(signal.SIGINT)
+        chunks += list(stream)  # the stream ends with its final event
+        code, log = server.finish()
+    finally:
+        server.kill()
+    assert reply.choices[0].message.content == expected_chat()[1]
+    assert chunks[-1].choices[0].finish_reason == "cancelled" and len(chunks) < 20000
+    assert code == 0 and log.endswith("stopped\n") and "Traceback" not in log
+    tokens = reply.usage.completion_tokens
+    assert f'"GET /v1/models/{MODEL_DIR.name} HTTP/1.1" 200 OK ' in log
+    assert f'"POST /v1/chat/completions HTTP/1.1" 200 OK {tokens} tokens ' in log
+    assert '"POST /v1/chat/completions HTTP/1.1" 400 Bad Request ' in log
+    assert re.search(r"WARNING: .*400 expected a role in", log)
+    assert '"POST /v1/completions HTTP/1.1" 200 OK ' in log
+
+
+def test_serve_quiet_logs_no_request_and_a_second_signal_exits_at_once():
+    import signal
+
+    server = ServeProcess("--quiet")
+    try:
+        server.api.models.list()
+        # A request still arriving holds uvicorn's graceful stop open, so the second signal decides.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n{")
+            server.signal(signal.SIGTERM)
+            assert server.process.stderr.readline().startswith("stopping (SIGTERM)")
+            server.signal(signal.SIGTERM)
+            code, log = server.finish()
+    finally:
+        server.kill()
+    assert code == 130 and "stopped at once (SIGTERM again)" in log
+    assert "Traceback" not in log and "HTTP/1.1" not in log
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--port", "99999"], "--port: expected a port number from 0 to 65535, got 99999"),
+    (["--max-queue", "0"], "--max-queue: expected a positive integer, got 0"),
+    (["--max-queue", "-3"], "--max-queue: expected a positive integer, got -3"),
+    (["--max-body-bytes", "0"], "--max-body-bytes: expected a positive integer, got 0"),
+])
+def test_serve_refuses_bad_flags_in_one_line(capsys, flags, message):
+    from mnngpu.cli import main
+
+    assert main(["serve", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_and_never_says_serving():
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "mnngpu", "serve", "--port", str(port)], capture_output=True,
+                              text=True, timeout=WAIT_S, check=False)
+    assert done.returncode == 2
+    assert done.stderr == f"error: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"

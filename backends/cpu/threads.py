@@ -11,7 +11,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
@@ -45,13 +45,18 @@ def set_blas_threads(count: int) -> bool:
 class WorkerPool:
     """`parallel(fn, n)` runs fn(0..n-1) on the calling thread plus `threads - 1` workers; each thread
     takes the next index when it is done with one, so tiles of unequal cost still balance (give
-    the costly ones the low indices)."""
+    the costly ones the low indices).
+
+    An exception in the calling thread (Ctrl-C, say, while a worker compiles a kernel) returns at
+    once: no new index is handed out, and the next `parallel` first waits for the tiles still
+    running, so they never write into buffers a later op uses."""
 
     _shared: dict[int, WorkerPool] = {}
 
     def __init__(self, threads: int):
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mnngpu-cpu") if self.threads > 1 else None
+        self._abandoned: list[Future] = []
 
     @classmethod
     def shared(cls, threads: int) -> WorkerPool:
@@ -66,11 +71,15 @@ class WorkerPool:
             for index in range(count):
                 fn(index)
             return
+        if self._abandoned:
+            wait(self._abandoned)
+            self._abandoned = []
         indices = iter(range(count))
         lock = threading.Lock()
+        stopped = threading.Event()
 
         def drain() -> None:
-            while True:
+            while not stopped.is_set():
                 with lock:
                     index = next(indices, None)
                 if index is None:
@@ -78,9 +87,14 @@ class WorkerPool:
                 fn(index)
 
         futures = [self._pool.submit(drain) for _ in range(min(self.threads, count) - 1)]
-        drain()
-        for future in futures:
-            future.result()
+        try:
+            drain()
+            for future in futures:
+                future.result()
+        except BaseException:
+            stopped.set()
+            self._abandoned = futures
+            raise
 
 
 @numba.njit(parallel=True, cache=True)

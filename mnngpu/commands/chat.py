@@ -1,22 +1,28 @@
 """`mnngpu chat [MODEL]`: an interactive, multi-turn chat through the model's chat template.
 
-`/reset` forgets the conversation, `/exit` (or the end of input) quits. Ctrl-C stops the reply
-being written and returns to the prompt; a second Ctrl-C during the same reply breaks off at
-once and resets the conversation. The KV cache is reused between turns (`reuse_kv`), so a
-turn prefills only its own tokens; `--config reuse_kv=false` re-prefills the whole
-conversation every turn.
+Lines are edited with the standard library's readline where it exists (arrow keys, history).
+`/help` lists the commands; an unknown `/command` is refused, never sent to the model. Ctrl-C
+stops the reply being written at once, even while kernels are still compiling; what was
+written stays in the conversation, and the next turn prefills it afresh. The KV cache is
+reused between turns (`reuse_kv`), so a turn prefills only its own tokens. A conversation
+that outgrows `max_all_tokens` loses its oldest turns, with a note saying so; an error in one
+turn is printed and the chat goes on.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import TextIO
 
 from mnngpu.commands.common import add_model_arguments, load_model, overrides_from
+from mnngpu.errors import MnnGpuError
+
+COMMANDS = {
+    "/help": "list these commands",
+    "/reset": "forget the conversation and start over",
+    "/exit": "quit (so does Ctrl-D)",
+}
 
 
 def register(subparsers) -> None:
@@ -30,37 +36,23 @@ def run(args) -> int:
     from mnngpu.chat import ChatSession
 
     model = load_model(args, {"reuse_kv": overrides_from(args).get("reuse_kv", True)})
-    print("type /reset to start over, /exit to quit; Ctrl-C stops a reply", file=sys.stderr)
-    return chat_loop(ChatSession(model, args.system), input, sys.stdout)
+    _enable_line_editing()
+    print("type /help for the commands; Ctrl-C stops a reply", file=sys.stderr)
+    return chat_loop(ChatSession(model, args.system, args.show_special), input, sys.stdout)
 
 
-class ReplyInterrupt:
-    """Ctrl-C while a reply is written: the first asks it to stop, a second raises KeyboardInterrupt."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def _on_sigint(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    @contextmanager
-    def armed(self):
-        self.requested = False
-        if threading.current_thread() is not threading.main_thread():
-            yield self  # signals reach only the main thread; there Ctrl-C keeps its usual meaning
-            return
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+def _enable_line_editing() -> None:
+    """Importing readline makes input() edit lines and keep a history, where the platform has it."""
+    if sys.stdin.isatty():
         try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous)
+            import readline  # noqa: F401
+        except ImportError:
+            pass
 
 
-def chat_loop(session, read_line: Callable[[str], str], out: TextIO) -> int:
+def chat_loop(session, read_line: Callable[[str], str], out: TextIO, err: TextIO | None = None) -> int:
     """Read a line, answer it, repeat, until /exit or the end of input."""
-    interrupt = ReplyInterrupt()
+    err = err if err is not None else sys.stderr
     while True:
         try:
             line = read_line("\nUser: ").strip()
@@ -75,25 +67,41 @@ def chat_loop(session, read_line: Callable[[str], str], out: TextIO) -> int:
         if line == "/reset":
             session.reset()
             out.write("\nA: reset done.\n")
-            continue
-        if line:
-            answer(session, line, interrupt, out)
+        elif line == "/help":
+            err.write("".join(f"{name:8} {what}\n" for name, what in COMMANDS.items()))
+        elif line.startswith("/") and line.split()[0] not in COMMANDS:
+            err.write(f"error: unknown command {line.split()[0]}; /help lists the commands\n")
+        elif line:
+            answer(session, line, out, err)
 
 
-def answer(session, text: str, interrupt: ReplyInterrupt, out: TextIO) -> None:
-    def show(piece: str) -> bool:
+def answer(session, text: str, out: TextIO, err: TextIO) -> None:
+    shown: list[str] = []
+
+    def show(piece: str) -> None:
+        shown.append(piece)
         out.write(piece)
         out.flush()
-        return interrupt.requested
 
-    with interrupt.armed():
+    try:
+        dropped = session.make_room(text)
+        if dropped:
+            err.write(f"note: the conversation outgrew max_all_tokens={session.llm.config.max_all_tokens}; "
+                      f"dropped its {dropped} oldest turn(s)\n")
+            err.flush()
         out.write("\nA: ")
         out.flush()
-        try:
-            reply = session.ask(text, on_text=show)
-        except KeyboardInterrupt:
-            session.reset()
-            out.write("\n[interrupted: the conversation was reset]\n")
-            return
-    out.write(" [stopped]\n" if reply.finish_reason == "cancelled" else "\n")
+        session.ask(text, on_text=show)
+    except KeyboardInterrupt:
+        session.keep_interrupted(text, "".join(shown))
+        out.write(" [stopped]\n")
+        out.flush()
+        return
+    except MnnGpuError as exc:
+        out.write("\n")
+        out.flush()
+        err.write("error: " + " ".join(str(exc).split()) + "\n")
+        err.flush()
+        return
+    out.write("\n")
     out.flush()

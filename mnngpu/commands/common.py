@@ -24,6 +24,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["low", "normal", "high"])
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="any config key; VALUE is JSON or a plain string (repeatable)")
+    parser.add_argument("--show-special", action="store_true",
+                        help="show the special tokens a reply holds (hidden by default)")
     group = parser.add_argument_group("sampling")
     group.add_argument("--sampler", help="sampler_type: greedy, temperature, topK, topP, minP, tfs, typical, "
                                          "penalty or mixed")
@@ -66,18 +68,21 @@ def model_path(args: argparse.Namespace) -> Path:
 
 
 def load_model(args: argparse.Namespace, extra: dict | None = None):
-    """Create, configure and load the Llm, with a progress bar on a terminal; then one summary line."""
+    """Create, configure and load the Llm and its tokenizer, with a progress bar on a terminal; then
+    one summary line."""
     from mnngpu import llm as mnngpu_llm
+    from mnngpu.config import COMMAND_LINE
     from mnngpu.progress import LoadProgress, ready_line
 
     start = time.perf_counter()
     model = mnngpu_llm.create(model_path(args))
-    model.set_config({**overrides_from(args), **(extra or {})})
+    model.config.set_config({**overrides_from(args), **(extra or {})}, source=COMMAND_LINE)
     progress = LoadProgress(sys.stderr)
     try:
         model.load(progress=progress)
     finally:
         progress.close()
+    model.tokenizer  # noqa: B018 (loaded now, so that "ready" means ready to answer)
     print(ready_line(model, time.perf_counter() - start), file=sys.stderr)
     return model
 

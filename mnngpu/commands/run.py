@@ -1,23 +1,52 @@
-"""`mnngpu run [MODEL] -p PROMPT`: stream one reply, then llm_demo's statistics."""
+"""`mnngpu run [MODEL] -p PROMPT`: stream one reply, then llm_demo's statistics.
+
+Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`),
+and is DEFAULT_PROMPT on a terminal.
+"""
 
 from __future__ import annotations
 
 import sys
 
 from mnngpu.commands.common import add_model_arguments, load_model, print_stats
+from mnngpu.errors import InputError
+
+DEFAULT_PROMPT = "Once upon a time"
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="generate a reply to one prompt")
     add_model_arguments(parser)
-    parser.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt text")
+    parser.add_argument("-p", "--prompt", help="the prompt text (default: stdin when it is not a terminal, "
+                                               f"else '{DEFAULT_PROMPT}')")
     parser.add_argument("--no-template", action="store_true", help="feed the prompt raw, without the chat template")
     parser.set_defaults(func=run)
 
 
+def read_prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        return DEFAULT_PROMPT
+    text = sys.stdin.read().rstrip("\n")
+    if not text:
+        raise InputError("stdin held no prompt; pass one with -p", field="prompt")
+    return text
+
+
 def run(args) -> int:
+    from mnngpu.chat import PromptCache, generate_reply
+
+    prompt = read_prompt(args)
     extra = {"use_template": False} if args.no_template else {}
     model = load_model(args, extra)
-    model.response(args.prompt, stream=True, out=sys.stdout)
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    text = model.prompt.apply_chat_template(prompt)
+    generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)
+    sys.stdout.write("\n")
     print_stats(model.context)
     return 0

@@ -74,7 +74,11 @@ def read_net(path: str | os.PathLike) -> Net:
 def parse_net(data: bytes, path: str | os.PathLike = "<memory>") -> Net:
     """Parse and verify an .mnn graph held in memory."""
     buffer = FlatBuffer(bytes(data), path)
-    root = buffer.root("Net")
+    try:
+        root = buffer.root("Net")
+    except ModelFormatError as exc:  # no root table: not a damaged model, not a model at all
+        detail = str(exc).removeprefix(f"{exc.path}: {exc.field}: ")
+        raise ModelFormatError(f"not an MNN model file ({detail})", path=path, field=exc.field) from None
     tensor_names = root.strings(7, "tensorName") or []
     ops = _read_ops(root, 3, "oplists", tensor_names)
     extra_info = root.table(2, "extraInfo")

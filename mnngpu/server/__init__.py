@@ -5,5 +5,6 @@
     app = create_app(ServedModel(llm, "my-model"))    # a Starlette app; run it with uvicorn
 
 app.py is the HTTP side, engine.py the queue in front of the model, protocol.py the OpenAI
-request and response shapes, stop.py the stop strings.
+request and response shapes, stop.py the stop strings, lifecycle.py the socket and the
+two-step shutdown.
 """

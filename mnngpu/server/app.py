@@ -2,11 +2,13 @@
 
     POST /v1/chat/completions   {"messages": [...], "stream": false, "max_tokens": 64, ...}
     POST /v1/completions        {"prompt": "...", ...}
-    GET  /v1/models
+    GET  /v1/models, /v1/models/{id}
 
 A streamed reply is a server-sent event per piece of text, then `data: [DONE]`. Request
 bodies larger than `max_body_bytes` get 413; any refused request gets a 4xx with an
-OpenAI-style `{"error": {"message", "type", "param", "code"}}` body.
+OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a streamed request is
+checked before its stream starts, so it gets its 4xx status too. Every request makes one
+access line (logger "mnngpu.access"), every failure an error line (logger "mnngpu.server").
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
+from http import HTTPStatus
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,6 +46,7 @@ def create_app(served: ServedModel, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
 
@@ -49,7 +55,48 @@ def create_app(served: ServedModel, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         yield
         served.close()
 
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan))
+
+
+ACCESS_LOG = logging.getLogger("mnngpu.access")
+ERROR_LOG = logging.getLogger("mnngpu.server")
+TOKENS_KEY = "mnngpu.completion_tokens"  # where a request's scope records the tokens it generated
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request, once its response has ended, in uvicorn's
+    access format plus the tokens generated and the time taken."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            path = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+            tokens = scope.get(TOKENS_KEY)
+            ACCESS_LOG.info('%s:%d - "%s %s HTTP/%s" %d %s%s %.2f s', client[0], client[1], scope["method"], path,
+                            scope.get("http_version", "1.1"), status[0], _phrase(status[0]),
+                            f" {tokens} tokens" if tokens is not None else "", time.perf_counter() - start)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
 class OpenAiApi:
@@ -57,9 +104,18 @@ class OpenAiApi:
         self.served = served
         self.max_body_bytes = max_body_bytes
 
+    def _model(self) -> dict:
+        return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "mnngpu"}
+
     async def models(self, request: Request) -> JSONResponse:
-        model = {"id": self.served.name, "object": "model", "created": 0, "owned_by": "mnngpu"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        model_id = request.path_params["model_id"]
+        if model_id != self.served.name:
+            raise ApiError(404, f"no model '{model_id}' here; this server has '{self.served.name}'",
+                           param="model", kind="not_found_error", code="model_not_found")
+        return JSONResponse(self._model())
 
     async def chat_completions(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
@@ -74,10 +130,11 @@ class OpenAiApi:
                         shape: ResponseShape) -> Response:
         job = self.served.new_job(prompt, parsed)
         if parsed.stream:
-            return self._stream(job, shape)
+            return self._stream(request.scope, job, shape)
         result = await self._result_unless_gone(request, job)
         if result is None:
             return Response(status_code=499)  # nobody is listening any more
+        request.scope[TOKENS_KEY] = result.usage.completion_tokens
         return JSONResponse(shape.complete(result.text, result.finish_reason, result.usage))
 
     async def _result_unless_gone(self, request: Request, job: Job) -> Result | None:
@@ -92,13 +149,13 @@ class OpenAiApi:
         job.cancel()
         return None
 
-    def _stream(self, job: Job, shape: ResponseShape) -> Response:
+    def _stream(self, scope: dict, job: Job, shape: ResponseShape) -> Response:
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
         job.on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
         future = self.served.submit(job)  # a full queue is refused here, before any event is sent
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
-        return JobStream(job, _events(shape, pieces, future, job.request.include_usage))
+        return JobStream(job, _events(scope, shape, pieces, future, job.request.include_usage))
 
 
 class JobStream(StreamingResponse):
@@ -115,7 +172,7 @@ class JobStream(StreamingResponse):
             self.job.cancel()
 
 
-async def _events(shape: ResponseShape, pieces: asyncio.Queue, future: Future,
+async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, future: Future,
                   include_usage: bool) -> AsyncIterator[str]:
     yield _event(shape.chunk(first=True))
     while (piece := await pieces.get()) is not None:
@@ -123,10 +180,13 @@ async def _events(shape: ResponseShape, pieces: asyncio.Queue, future: Future,
     try:
         result = future.result()
     except ApiError as exc:
+        ERROR_LOG.error("a streamed reply failed: %s", exc.message)
         yield _event(exc.body())
     except Exception as exc:  # noqa: BLE001 (a bug: say so in the stream; the status line has gone out)
+        ERROR_LOG.error("a streamed reply failed: internal error: %r", exc)
         yield _event(error_body(f"internal error: {exc!r}", "server_error"))
     else:
+        scope[TOKENS_KEY] = result.usage.completion_tokens
         yield _event(shape.chunk(finish_reason=result.finish_reason))
         if include_usage:
             yield _event(shape.usage_chunk(result.usage))
@@ -166,6 +226,7 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    ERROR_LOG.warning("%s %s: %d %s", request.method, request.url.path, exc.status, exc.message)
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
@@ -175,4 +236,5 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    ERROR_LOG.error("%s %s: internal error: %r", request.method, request.url.path, exc)
     return JSONResponse(error_body(f"internal error: {exc!r}", "server_error"), status_code=500)

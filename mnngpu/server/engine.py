@@ -5,7 +5,8 @@ runs, the KV cache is either cleared or, with `reuse_kv`, kept because the new p
 with exactly the text the cache holds (see mnngpu/chat.py). Each job gets a fresh Sampler
 built from the model's config and the request's overrides, so no setting or random state
 carries over to the next request. A job whose client went away is cancelled: it stops after
-the current token, or never starts if it was still waiting.
+the current token, or never starts if it was still waiting. `max_queue` bounds the jobs
+waiting behind the running one; once the server is stopping, new jobs are refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mnngpu.chat import PromptCache, generate_reply
-from mnngpu.errors import MnnGpuError
+from mnngpu.errors import InputError, MnnGpuError
 from mnngpu.sampler import Sampler
 from mnngpu.server.protocol import ApiError, GenerationRequest, Usage, sampler_overrides
 from mnngpu.server.stop import StopMatcher
@@ -54,16 +55,22 @@ class ServedStats:
 
 
 class ServedModel:
-    def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE):
+    def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE, created: int = 0,
+                 show_special: bool = False):
+        if max_queue < 1:
+            raise InputError(f"expected at least 1, got {max_queue}", field="max_queue")
         self.llm = llm
         self.name = name
+        self.created = created  # the model's time, as the model list shows it
         self.max_queue = max_queue
+        self.show_special = show_special
         self.cache = PromptCache(llm)
         self.stats = ServedStats()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnngpu-generate")
         self._lock = threading.Lock()
-        self._queued = 0
+        self._waiting = 0
         self._running: Job | None = None
+        self._stopping = False
 
     # ---- called from the server's event loop --------------------------------------------------------
     def chat_prompt(self, messages: list[dict]) -> str:
@@ -73,38 +80,58 @@ class ServedModel:
             raise ApiError(400, str(exc), param="messages") from None
 
     def new_job(self, prompt: str, request: GenerationRequest) -> Job:
-        """A job with its own sampler; a bad sampler setting is refused here, before any reply starts."""
+        """A job with its own sampler. A bad sampler setting, or a prompt with no room for a reply,
+        is refused here, before any reply (or stream) starts."""
         config = self.llm.config.raw
         try:
             sampler = Sampler({**config, **sampler_overrides(request, config)})
+            prompt_tokens = len(self.llm.tokenizer_encode(prompt))
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
+        limit = self.llm.config.max_all_tokens
+        if prompt_tokens >= limit:
+            raise ApiError(400, f"the prompt's {prompt_tokens} tokens leave no room for a reply within "
+                                f"max_all_tokens={limit}", param="messages" if request.messages else "prompt",
+                           code="context_length_exceeded")
         return Job(prompt, request, sampler)
 
     def submit(self, job: Job) -> Future:
         with self._lock:
-            if self._queued >= self.max_queue:
-                raise ApiError(503, f"{self._queued} requests are already waiting; try again later",
+            if self._stopping:
+                raise ApiError(503, "the server is shutting down", kind="server_error", code="server_stopping")
+            if self._waiting >= self.max_queue:
+                raise ApiError(503, f"{self._waiting} requests are already waiting; try again later",
                                kind="server_error", code="server_busy")
-            self._queued += 1
+            self._waiting += 1
         future = self._worker.submit(self._run, job)
-        future.add_done_callback(self._left_queue)
+        future.add_done_callback(self._dropped_unstarted)
         return future
 
-    def close(self) -> None:
-        """Stop: waiting jobs are dropped, the running one ends after its current token."""
+    def stop(self) -> None:
+        """Refuse new jobs; the running one ends after its current token, the waiting ones never start."""
+        with self._lock:
+            self._stopping = True
         running = self._running
         if running is not None:
             running.cancel()
+
+    def close(self) -> None:
+        """Stop, and wait for the worker to end."""
+        self.stop()
         self._worker.shutdown(wait=True, cancel_futures=True)
 
-    def _left_queue(self, _future: Future) -> None:
+    def _dropped_unstarted(self, future: Future) -> None:
+        if future.cancelled():
+            self._left_waiting()
+
+    def _left_waiting(self) -> None:
         with self._lock:
-            self._queued -= 1
+            self._waiting -= 1
 
     # ---- on the worker thread ------------------------------------------------------------------------
     def _run(self, job: Job) -> Result:
-        if job.cancelled.is_set():
+        self._left_waiting()
+        if job.cancelled.is_set() or self._stopping:
             return self._record(Result("", "cancelled", Usage(0, 0)))
         stops = StopMatcher(job.request.stop)
 
@@ -112,12 +139,13 @@ class ServedModel:
             sendable = stops.feed(piece)
             if sendable and job.on_text is not None:
                 job.on_text(sendable)
-            return stops.hit or job.cancelled.is_set()
+            return stops.hit or job.cancelled.is_set() or self._stopping
 
         self.llm.sampler = job.sampler
         self._running = job
         try:
-            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text)
+            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
+                                   self.show_special)
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             raise ApiError(400, str(exc), param=exc.field, code=code) from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_STOP_STRINGS = 4
+ROLES = ("system", "user", "assistant")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
@@ -92,6 +93,8 @@ def _parse_common(body: dict) -> GenerationRequest:
 def _parse_message(message: Any, param: str) -> dict:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, "expected an object with a string 'role'", param=param)
+    if message["role"] not in ROLES:
+        raise ApiError(400, f"expected a role in {list(ROLES)}, got {message['role']!r}", param=f"{param}.role")
     content = message.get("content")
     if content is None:
         content = ""

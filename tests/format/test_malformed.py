@@ -56,7 +56,7 @@ def test_flipped_bytes_decode_or_raise_a_format_error(data):
 def test_errors_name_the_file_and_field(tmp_path):
     with pytest.raises(ModelFormatError, match="missing.mnn"):
         read_net(tmp_path / "missing.mnn")
-    with pytest.raises(ModelFormatError, match=r"Net: expected 4 bytes"):
+    with pytest.raises(ModelFormatError, match=r"tiny.mnn: Net: not an MNN model file \(expected 4 bytes"):
         parse_net(b"\x01\x00", "tiny.mnn")
     with pytest.raises(WeightFileError, match="missing.weight"):
         WeightFile(tmp_path / "missing.weight")
