@@ -135,7 +135,7 @@ def test_linear_group_gives_each_members_output(rows, precision):
     rng = np.random.default_rng(3 + rows)
     layers = [quantized_linear(rng, oc, 128, 4, 64, bias=True) for oc in (96, 32, 32)]
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
-    outs = OneOp(make_backend(precision), fused_node("LinearGroup", [w for w, *_ in layers]), [x])(x)
+    outs = OneOp(make_backend(precision), fused_node(fusion.LINEAR_GROUP, [w for w, *_ in layers]), [x])(x)
     for got, (weight, levels, scales, zeros) in zip(outs, layers):
         close(got.reshape(rows, -1), want_linear(x.reshape(rows, 128), levels, scales, zeros, 64, weight.bias),
               1e-4 if precision == "low" else 2e-6)
@@ -146,7 +146,7 @@ def test_gated_linear_is_up_times_silu_gate(rows):
     rng = np.random.default_rng(5 + rows)
     gate, up = (quantized_linear(rng, 200, 128, 4, 64, bias=True) for _ in range(2))
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
-    got = run(make_backend(), fused_node("GatedLinear", [gate[0], up[0]]), [x])
+    got = run(make_backend(), fused_node(fusion.GATED_LINEAR, [gate[0], up[0]]), [x])
     g = want_linear(x.reshape(rows, 128), *gate[1:], 64, gate[0].bias)
     u = want_linear(x.reshape(rows, 128), *up[1:], 64, up[0].bias)
     close(got.reshape(rows, 200), reference.silu_mul(u, g), 1e-5)
@@ -313,7 +313,7 @@ def test_rope_pattern_fuses_into_one_step(split):
     sin = rng.normal(0, 1, (1, 5, 1, dim)).astype(np.float32)
     ops, constants = reference.rotate_half_graph(split, axis=3)
     fused = fusion.fuse(ops, set(CPUBackend.executions), graph_outputs={17})
-    assert [op.node.type for op in fused] == ["RoPE"]
+    assert [op.node.type for op in fused] == [fusion.ROPE]
     got, pipeline = run_graph(fused, constants, [x, cos, sin], 18, 17)
     assert len(pipeline.steps) == 1 and pipeline.steps[0].execution.split == split
     close(got, rotate_half_reference(x, cos, sin, split), 1e-6)
@@ -352,7 +352,7 @@ def test_gated_and_group_fusion_rewrite_the_exported_pattern():
     ops = [GraphOp(nodes[0], [0], [1]), GraphOp(nodes[1], [0], [2]), GraphOp(nodes[2], [0], [3]),
            GraphOp(nodes[3], [0], [4]), GraphOp(Node("BinaryOp", "act", P.BinaryOp(opType="MUL_SILU")), [4, 3], [5])]
     fused = fusion.fuse(ops, set(CPUBackend.executions), graph_outputs={1, 2, 5})
-    assert [op.node.type for op in fused] == ["LinearGroup", "GatedLinear"]
+    assert [op.node.type for op in fused] == [fusion.LINEAR_GROUP, fusion.GATED_LINEAR]
     assert fused[1].node.param.members == [nodes[2], nodes[3]]
     x = rng.normal(0, 1, (3, 64, 1, 1)).astype(np.float32)
     got, _ = run_graph(fused, {}, [x], 6, 5, backend)

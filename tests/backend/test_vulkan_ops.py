@@ -164,7 +164,7 @@ def test_linear_group_gives_each_members_output(vulkan, rows):
     layers = [quantized_linear(rng, oc, 128, 4, 64, bias=True) for oc in (96, 32, 30)]
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
     backend = make_backend(vulkan)
-    outs = OneOp(backend, fused_linear(backend, "LinearGroup", [w for w, _ in layers]), [x]).every_output(x)
+    outs = OneOp(backend, fused_linear(backend, fusion.LINEAR_GROUP, [w for w, _ in layers]), [x]).every_output(x)
     for got, (weight, dense) in zip(outs, layers, strict=True):
         close(got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias), 1e-5)
 
@@ -176,7 +176,7 @@ def test_gated_linear_is_up_times_silu_gate(vulkan, bits, block, rows):
     (gate, gate_w), (up, up_w) = (quantized_linear(rng, 200, 128, bits, block, bias=True) for _ in range(2))
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
     backend = make_backend(vulkan, max_binding_bytes=8000)    # the layers split into parts, alike
-    node = fused_linear(backend, "GatedLinear", [gate, up])
+    node = fused_linear(backend, fusion.GATED_LINEAR, [gate, up])
     assert len(node.param.members[0].weights["vulkan"].parts) >= 2
     got = run(backend, node, [x])
     g = linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
@@ -319,7 +319,7 @@ def test_rope_is_one_dispatch(vulkan, split, cos_shape):
     cos, sin = (rng.normal(0, 1, cos_shape).astype(np.float32) for _ in range(2))
     backend = make_backend(vulkan)
     fused, pipeline, got = run_graph(backend, *reference.rotate_half_graph(split, axis=3), [x, cos, sin], 17)
-    assert [op.node.type for op in fused] == ["RoPE"] and pipeline.backend_of(pipeline.steps[0].outputs[0]) is backend
+    assert [op.node.type for op in fused] == [fusion.ROPE] and pipeline.backend_of(pipeline.steps[0].outputs[0]) is backend
     rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
     close(got, x.astype(np.float64) * cos + rotated * sin)
 
@@ -333,7 +333,7 @@ def test_rope_that_is_no_rotate_half_runs_on_the_cpu_backup(vulkan):
     ops, constants = reference.rotate_half_graph(2, axis=2)
     ops[4].node.param.axis = 2
     fused, pipeline, got = run_graph(backend, ops, constants, [x, cos, sin], 17)
-    assert [op.node.type for op in fused] == ["RoPE"] and pipeline.backend_of(pipeline.steps[-1].outputs[0]) is not backend
+    assert [op.node.type for op in fused] == [fusion.ROPE] and pipeline.backend_of(pipeline.steps[-1].outputs[0]) is not backend
     rotated = np.concatenate([-x[:, :, 2:], x[:, :, :2]], axis=2)
     close(got, x.astype(np.float64) * cos + rotated * sin)
 

@@ -49,8 +49,14 @@ class KVCache:
 
 class VulkanAttention(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return inputs[0].shape[3] <= MAX_HEAD_DIM and inputs[0].shape[2] % inputs[1].shape[2] == 0
+    def decline(cls, inputs, outputs, node):
+        _, _, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        if dim > MAX_HEAD_DIM:
+            return f"head dim {dim} is over the kernels' {MAX_HEAD_DIM}"
+        if heads % kv_heads:
+            return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
+        return None
 
     def onResize(self, inputs, outputs):
         backend = self.backend

@@ -25,8 +25,10 @@ def _is_float(tensor) -> bool:
 
 class VulkanUnary(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return node.param.opType in UNARY_OPS and _is_float(inputs[0])
+    def decline(cls, inputs, outputs, node):
+        if node.param.opType not in UNARY_OPS:
+            return f"no unary kernel for {node.param.opType}"
+        return None if _is_float(inputs[0]) else f"unary ops run on float tensors, got {inputs[0].dtype}"
 
     def onResize(self, inputs, outputs):
         x = inputs[0].device
@@ -38,8 +40,12 @@ class VulkanUnary(VulkanExecution):
 
 class VulkanBinary(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return node.param.opType in BINARY_OPS and inputs[0].dtype == inputs[1].dtype
+    def decline(cls, inputs, outputs, node):
+        if node.param.opType not in BINARY_OPS:
+            return f"no binary kernel for {node.param.opType}"
+        if inputs[0].dtype != inputs[1].dtype:
+            return f"mixed input dtypes {inputs[0].dtype} and {inputs[1].dtype}"
+        return None
 
     def onResize(self, inputs, outputs):
         a, b = inputs[0].device, inputs[1].device
