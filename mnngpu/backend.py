@@ -76,6 +76,7 @@ class BackendConfig:
     thread_num: int = 4
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
     strict_device: bool = False  # an op the backend declines is an error, not a CPU fallback
+    keep_tensors: bool = False   # no two tensors share memory: every op's output readable after a run (diff)
 
     @property
     def fp32(self) -> bool:

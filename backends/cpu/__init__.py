@@ -88,7 +88,7 @@ class CPUBackend(Backend):
 
     def onResizeEnd(self) -> None:  # noqa: N802
         steps = [memory.PlannedStep(e.inputs, e.outputs, e.view_of) for e in self._recorded]
-        memory.plan(steps, reuse=self.reuse_memory)
+        memory.plan(steps, reuse=self.reuse_memory and not self.config.keep_tensors)
         for execution in self._recorded:
             execution.bind()
         self._recorded = []

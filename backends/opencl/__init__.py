@@ -141,6 +141,8 @@ class OpenCLBackend(Backend):
     def record(self, execution, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         """An execution planned at onResize; bound once every tensor has its buffer."""
         step = RecordedStep(execution, inputs, outputs)
+        if self.config.keep_tensors:
+            self._pinned.update(id(t) for t in outputs)
         if self._recorded is None:  # resized on its own, outside a Pipeline's resize
             memory.plan([step], self.pool, self.nbytes, self._own_buffer, self._pinned)
         else:
