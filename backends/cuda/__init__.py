@@ -13,6 +13,8 @@ their input's array instead.
 from __future__ import annotations
 
 import numpy as np
+
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.backends.cuda.attention import AttentionExecution, DeviceKVCache
 from mnngpu.backends.cuda.attention import supported as attention_supported
 from mnngpu.backends.cuda.device import CudaDevice, log
@@ -29,8 +31,6 @@ from mnngpu.backends.cuda.movement import (
 )
 from mnngpu.backends.cuda.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.cuda.storage import Storage, storage_for
-
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.module_pool import PREFILL_LEN
 

@@ -7,9 +7,9 @@ numpy's own broadcasting, so the semantics are numpy's by construction.
 from __future__ import annotations
 
 import numpy as np
+
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.execution import CudaExecution
-
 from mnngpu.runtime import host_ops
 
 # Op codes of binary_op / unary_op in elementwise.cu.

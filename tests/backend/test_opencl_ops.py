@@ -71,7 +71,7 @@ def test_attention_cache_grows_past_its_capacity(backend):
         backend.kv_meta.sync()
         want = reference.causal_attention(q[t:t + 1], k[:t + 1], v[:t + 1], t, 1.0 / np.sqrt(dim))
         close(backend, out.reshape(1, heads, dim), want)
-    assert backend.kv_caches[0].capacity == 8
+    assert steps <= backend.kv_caches[0].capacity < 2 * steps   # grown, by steps of at least half
 
 
 # ---- data movement ---------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, int8_vector
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
 from mnngpu.errors import ModelFormatError
-from mnngpu.runtime.movement import index_stand_in
+from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
 BINARY_OPS = frozenset({"ADD", "SUB", "MUL", "REALDIV", "DIV", "FLOORDIV", "MOD", "FLOORMOD", "POW", "MAXIMUM",
@@ -18,12 +18,6 @@ UNARY_OPS = frozenset({"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT",
                        "GELU", "GELU_STANDARD"})
 
 
-def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
-    """Per output dim, the input's element stride (0 where the input is broadcast)."""
-    offsets = np.broadcast_to(index_stand_in(shape), out_shape)
-    return [s // offsets.itemsize for s in offsets.strides]
-
-
 class BinaryExecution(KernelExecution):
     def plan(self, inputs, outputs):
         a, b, out = inputs[0], inputs[1], outputs[0]
@@ -32,8 +26,8 @@ class BinaryExecution(KernelExecution):
         if a.shape == b.shape == out.shape:
             self.prepare("elementwise.cl", f"binary_flat_{op}", buffers, (out.size,))
             return
-        shape, (a_strides, b_strides) = compact(out.shape, [broadcast_strides(a.shape, out.shape),
-                                                            broadcast_strides(b.shape, out.shape)])
+        shape, (a_strides, b_strides) = coalesce(out.shape, broadcast_strides(a.shape, out.shape),
+                                                 broadcast_strides(b.shape, out.shape))
         if len(shape) > MAX_RANK:
             raise ModelFormatError(f"a broadcast over at most {MAX_RANK} dims, got {len(shape)}", field=self.node.name)
         vectors = [int8_vector(shape, 1), int8_vector(a_strides, 0), int8_vector(b_strides, 0)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, padded
+from mnngpu.backends.vulkan.ops.layout import padded
 from mnngpu.backends.vulkan.program import pack_push
+from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # the `op` numbers of unary.comp, in order
 UNARY_OPS = ["ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN", "ASIN",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, contiguous_strides, padded
+from mnngpu.backends.vulkan.ops.layout import padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.runtime.fusion import rope_split
+from mnngpu.runtime.movement import broadcast_strides, coalesce, contiguous_strides
 
 
 class VulkanRoPE(VulkanExecution):
