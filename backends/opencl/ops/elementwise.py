@@ -7,15 +7,12 @@ import numpy as np
 from mnngpu.backends.opencl.ops.launch import KernelExecution
 from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
 from mnngpu.errors import ModelFormatError
+from mnngpu.runtime.elementwise import BINARY_CODES, UNARY_CODES
 from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
-BINARY_OPS = frozenset({"ADD", "SUB", "MUL", "REALDIV", "DIV", "FLOORDIV", "MOD", "FLOORMOD", "POW", "MAXIMUM",
-                        "MINIMUM", "MAX_TEMP", "MIN_TEMP", "SquaredDifference", "GREATER", "GREATER_EQUAL", "LESS",
-                        "LESS_EQUAL", "EQUAL", "NOTEQUAL", "ATAN2", "MUL_SILU"})
-UNARY_OPS = frozenset({"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN",
-                       "ASIN", "ACOS", "ATAN", "RECIPROCAL", "TANH", "SIGMOID", "SILU", "SIGN", "ROUND", "ERF",
-                       "GELU", "GELU_STANDARD"})
+BINARY_OPS = frozenset(BINARY_CODES)   # the kernels are named after the ops
+UNARY_OPS = frozenset(UNARY_CODES)
 
 
 class BinaryExecution(KernelExecution):
