@@ -8,7 +8,8 @@ fixed-shape backend) and then every step:
 
     backend.rearrange(node)                                  # once per node, at load
     backend.onResizeBegin()
-    for node: exe = backend.onCreate(inputs, outputs, node)   # None: not supported here
+    for node: reason = backend.decline(node, inputs, outputs) # runtime/placement.py: None, or why not
+              exe = backend.onCreate(inputs, outputs, node)  # (a declined node goes to the CPU backup)
               backend.alloc(t) for each output; exe.onResize(inputs, outputs)
     backend.onResizeEnd()
     ...
@@ -19,7 +20,9 @@ fixed-shape backend) and then every step:
 from __future__ import annotations
 
 import importlib
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,10 @@ class Node:
     name: str
     param: Any = None
     weights: dict[str, Any] = field(default_factory=dict)
+    # Decodes the raw weights again from the weight file, for a second backend's rearrange (the
+    # CPU backup taking a node the main backend packed and declined); None where there are none.
+    source: Callable[[], dict[str, Any]] | None = None
+    packed_for: set[str] = field(default_factory=set)   # backend types whose rearrange has run
 
 
 @dataclass
@@ -68,6 +75,8 @@ class BackendConfig:
     memory: str = "low"
     thread_num: int = 4
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
+    strict_device: bool = False  # an op the backend declines is an error, not a CPU fallback
+    keep_tensors: bool = False   # no two tensors share memory: every op's output readable after a run (diff)
 
     @property
     def fp32(self) -> bool:
@@ -108,9 +117,28 @@ class Backend(ABC):
         """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop
         the raw arrays. Every Execution later made for the node shares the packed form."""
 
+    def decline(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
+        """Why this backend cannot run `node` on these inputs, or None when it can. Asked by the
+        placement step before onCreate; a backend with shape or dtype limits extends it."""
+        if node.type not in self.executions:
+            return f"{node.type} is not in the {self.type} op table"
+        return None
+
+    def supports(self, node: Node, inputs: list[Tensor], outputs: list[Tensor] = ()) -> bool:
+        return self.decline(node, inputs, list(outputs)) is None
+
+    def declined(self, node: Node, inputs: list[Tensor]) -> None:
+        """Told that `node` runs on the CPU backup instead, between this backend's ops (a device
+        backend ends its command segment or keeps the inputs' buffers for the copies out)."""
+
     def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> Execution | None:  # noqa: N802
-        cls = self.executions.get(node.type)
-        return cls(self, node) if cls is not None else None
+        if self.decline(node, inputs, outputs) is not None:
+            return None
+        return self.executions[node.type](self, node)
+
+    def describe(self) -> str:
+        """The backend and its device, for the ready line: e.g. "vulkan on llvmpipe (CPU)"."""
+        return self.type
 
     def onResizeBegin(self) -> None:  # noqa: N802
         """Called before a Pipeline resizes its executions."""
@@ -135,6 +163,20 @@ class Backend(ABC):
 
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
+
+
+class DeviceWarning(UserWarning):
+    """A backend runs with less than was asked: a CPU device, a lower precision, no CUDA graph."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """One warning line per process for each such drop (the CLI prints it as `warning: ...`)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, DeviceWarning, stacklevel=2)
 
 
 # backend_type -> (module, class name). The module is imported only when asked for, so a

@@ -1,4 +1,4 @@
-"""`mnngpu run | chat | serve | bench | inspect`: the command line.
+"""`mnngpu run | chat | serve | bench | inspect | diff`: the command line.
 
 Each subcommand lives in mnngpu/commands/<name>.py with `register(subparsers)`, which adds
 its parser and sets `func`. Whatever goes wrong, stderr gets one `error: ...` line and no
@@ -17,7 +17,7 @@ import warnings
 from mnngpu import __version__
 from mnngpu.errors import InputError, MnnGpuError
 
-COMMANDS = ("run", "chat", "serve", "bench", "inspect")
+COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff")
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -81,6 +81,8 @@ DEFAULTS: dict[str, Any] = {
     "quant_qkv": 8,  # the deprecated spelling of attention_mode
     "cpu_sme2_neon_division_ratio": 41,
     "cpu_sme_core_num": 2,
+    # mnngpu's own: an op the chosen backend declines is a BackendUnavailableError, not a CPU fallback
+    "strict_device": False,
     # the model's facts (llm_config.json)
     "model_type": "",
     "hidden_size": 4096,
@@ -537,6 +539,10 @@ class LlmConfig:
     @property
     def memory(self) -> str:
         return self.value("memory")
+
+    @property
+    def strict_device(self) -> bool:
+        return self.value("strict_device")
 
     @property
     def use_mmap(self) -> bool:

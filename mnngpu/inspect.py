@@ -38,6 +38,22 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
+def placement_on(path: str | os.PathLike, overrides: dict[str, Any]):
+    """The model loaded with `overrides` (backend_type, ...) and its PlacementTable: where every
+    op runs, and why the backend declined each op that falls back to the CPU."""
+    from mnngpu import llm
+
+    model = llm.create(path)
+    model.set_config(overrides)
+    model.load()
+    return model.runtime.describe(), model.placement()
+
+
+def placement_rows(table) -> list[dict[str, str]]:
+    return [{"node": p.node, "op_type": p.op_type, "backend": p.backend, "reason": p.reason}
+            for p in table.entries.values()]
+
+
 def _linears(net: Net, weights: WeightFile | None) -> list[QuantizedLinear]:
     return [read_linear(weights, op.param, op.name) for op in net.ops
             if op.type == "Convolution" and op.param_type == "Convolution2D"]

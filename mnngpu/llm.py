@@ -22,8 +22,17 @@ from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
+from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.validate import validate_model
+
+
+def _feeds(embeds: np.ndarray, first_position: int, all_logits: bool) -> dict[str, np.ndarray]:
+    """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`."""
+    rows = embeds.shape[0]
+    positions = (first_position + np.arange(rows, dtype=np.int32)).reshape(1, rows)
+    return {"input_ids": embeds, "attention_mask": np.zeros((1, 1, 1, 1), dtype=np.float32),
+            "position_ids": positions, "logits_index": np.array([0 if all_logits else -1], dtype=np.int32)}
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
@@ -86,6 +95,7 @@ class Llm:
         self.pool = ModulePool(prefill, cfg.all_logits)
         report("weights packed", 1, 1)
         self._loaded = True
+        self.placement()   # every fallback known (or, under strict_device, refused) before the first token
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
 
     @property
@@ -160,14 +170,20 @@ class Llm:
         module = self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self.embedding.rows(ids)
-        positions = (meta.kept + np.arange(rows, dtype=np.int32)).reshape(1, rows)
-        feeds = {"input_ids": embeds, "attention_mask": np.zeros((1, 1, 1, 1), dtype=np.float32),
-                 "position_ids": positions, "logits_index": np.array([0 if all_logits else -1], dtype=np.int32)}
+        feeds = _feeds(embeds, meta.kept, all_logits)
         meta.add = seq
         (logits,) = module.forward(feeds, ["logits"])
         meta.sync()
         logits = np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
         return logits[:seq] if all_logits else logits[-1:]
+
+    def placement(self) -> PlacementTable:
+        """Where every op runs, for the prefill and the decode module's shapes (decided, not resized)."""
+        self._require_loaded()
+        for (rows, all_logits), module in self.pool.modules.items():
+            embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
+            module.session.place(_feeds(embeds, 0, all_logits))
+        return self.runtime.placements
 
     def forward(self, ids) -> Logits:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""

@@ -49,11 +49,16 @@ def format_bar(stage: str, done: int, total: int) -> str:
 
 
 def ready_line(model, seconds: float) -> str:
-    """`ready: NAME (TYPE, N layers, hidden H, W MB of weights) on BACKEND in S s`."""
+    """`ready: NAME (TYPE, N layers, hidden H, W MB of weights) on BACKEND on DEVICE[, K ops on the CPU
+    backup] in S s`."""
     cfg = model.config
     weights_mb = _file_size(cfg.weight_path) / 1e6
+    where = model.runtime.describe()
+    fallbacks = len(model.runtime.placements.fallbacks)   # placed at load
+    if fallbacks:
+        where += f", {fallbacks} op{'s' if fallbacks != 1 else ''} fell back to the CPU"
     return (f"ready: {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}, "
-            f"{weights_mb:.1f} MB of weights) on {cfg.backend_type} in {seconds:.2f} s")
+            f"{weights_mb:.1f} MB of weights) on {where} in {seconds:.2f} s")
 
 
 def _file_size(path) -> int:

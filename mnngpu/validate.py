@@ -21,6 +21,7 @@ from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
+from mnngpu.runtime.fusion import FUSED_PREFIX
 from mnngpu.runtime.host_ops import HOST_OPS
 
 # The graph inputs Llm feeds at every forward, and the output it reads.
@@ -54,9 +55,16 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
 
 # ---- the graph on its own ----------------------------------------------------------------
 
+def runnable_op_types() -> set[str]:
+    """The MNN op types a graph may use: the CPU backend backs up every other backend, so what it
+    runs (less the engine's own fused node types, which no graph names) plus the host-folded ops."""
+    cpu = {op for op in backend_class("cpu").executions if not op.startswith(FUSED_PREFIX)}
+    return HOST_OPS | cpu | SOURCE_OPS
+
+
 def check_graph(net: Net) -> None:
     """Raise ModelFormatError for the first op the runtime could not run as the graph says."""
-    runnable = HOST_OPS | set(backend_class("cpu").executions) | SOURCE_OPS  # the CPU backend backs up every other
+    runnable = runnable_op_types()
     produced: set[int] = set()
     for position, op in enumerate(net.ops):
         where = _where(position, op)

@@ -1,4 +1,8 @@
-"""Shared test helpers: the fixture models and the backends this machine can run."""
+"""Shared test helpers: the fixture models and the backends this machine can run.
+
+MNNGPU_REQUIRE=opencl,vulkan (set by .ci/run) names backends whose driver must be present: a
+test skipped because one of them is unavailable (no device, no driver package) fails instead,
+so a broken PoCL or lavapipe install turns CI red rather than quietly skipping its tests."""
 
 from __future__ import annotations
 
@@ -16,6 +20,51 @@ os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"
 MODEL_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())
 BACKENDS = ["cpu", "opencl", "vulkan", "cuda"]
+REQUIRE_ENV = "MNNGPU_REQUIRE"
+# The Python package each backend's driver binding comes from (what importorskip names).
+BINDINGS = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
+
+
+def required_backends() -> list[str]:
+    return [name.strip() for name in os.environ.get(REQUIRE_ENV, "").split(",") if name.strip()]
+
+
+def unavailable_backend(reason: str) -> str | None:
+    """The required backend a skip reason says is missing, if any."""
+    text = reason.lower()
+    for name in required_backends():
+        if f"{name} unavailable" in text or f"import '{BINDINGS.get(name, name)}'" in text:
+            return name
+    return None
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_required_skip(report) -> None:
+    if not report.skipped:
+        return
+    reason = _skip_reason(report)
+    name = unavailable_backend(reason)
+    if name is not None:
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_ENV} names {name}, but the test was skipped: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())
 
 
 def reference(name: str) -> tuple[dict, np.ndarray]:

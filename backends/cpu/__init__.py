@@ -32,6 +32,7 @@ from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linea
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
 from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
 from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
+from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: E402
 from mnngpu.runtime.host_ops import HOST_OPS, SHAPE_OPS  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
@@ -43,8 +44,8 @@ class CPUBackend(Backend):
     executions = {**{op: HostOpExecution for op in HOST_OPS - SHAPE_OPS},
                   **{op: ViewExecution for op in VIEW_OPS},
                   "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
-                  "Convolution": CPULinear, "LinearGroup": CPULinear, "GatedLinear": CPUGatedLinear,
-                  "LayerNorm": CPULayerNorm, "Attention": CPUAttention, "RoPE": CPURoPE}
+                  "Convolution": CPULinear, LINEAR_GROUP: CPULinear, GATED_LINEAR: CPUGatedLinear,
+                  "LayerNorm": CPULayerNorm, "Attention": CPUAttention, ROPE: CPURoPE}
 
     # False when another backend reads this one's tensors between its steps (the CPU backup
     # of a device backend): then no two tensors share memory.
@@ -77,7 +78,7 @@ class CPUBackend(Backend):
 
     def onResizeEnd(self) -> None:  # noqa: N802
         steps = [memory.PlannedStep(e.inputs, e.outputs, e.view_of) for e in self._recorded]
-        memory.plan(steps, reuse=self.reuse_memory)
+        memory.plan(steps, reuse=self.reuse_memory and not self.config.keep_tensors)
         for execution in self._recorded:
             execution.bind()
         self._recorded = []

@@ -1,10 +1,10 @@
 """Where every activation of one resized pipeline lives: one arena, offsets planned by lifetime.
 
 At the end of a resize the backend knows its executions in run order and the tensors each reads
-and writes. A tensor's bytes are taken when its producer runs and given back after its last
-reader, so a 512-token prefill needs a few activations' worth of memory instead of one buffer
-per tensor. View ops (reshapes) own no bytes: their output is the input's buffer, re-shaped,
-and keeps that buffer alive until the view's own last reader.
+and writes (mnngpu.runtime.lifetimes). A tensor's bytes are taken when its producer runs and given
+back after its last reader, so a 512-token prefill needs a few activations' worth of memory
+instead of one buffer per tensor. View ops (reshapes) own no bytes: their output is the input's
+buffer, re-shaped.
 
 Tensors nobody reads (graph outputs) keep their bytes until the run ends; the Session
 downloads them before the next run. Tensors that no execution here produces (graph inputs,
@@ -13,22 +13,12 @@ copies from another backend) get their own buffer; host constants need none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from mnngpu.backend import Tensor
+from mnngpu.runtime.lifetimes import Lifetimes, PlannedStep, lifetimes
 
 ALIGN = 64  # bytes: a cache line, and the widest vector load
-
-
-@dataclass
-class PlannedStep:
-    """What the planner needs to know about one execution."""
-
-    inputs: list[Tensor]
-    outputs: list[Tensor]
-    view_of: int | None = None   # output 0 is a view of inputs[view_of]
 
 
 class FreeList:
@@ -68,23 +58,9 @@ def _aligned(nbytes: int) -> int:
 
 def plan(steps: list[PlannedStep], reuse: bool = True) -> None:
     """Give every tensor the steps touch a `device` array (views: a view of their input's)."""
-    root: dict[int, Tensor] = {}
-
-    def root_of(tensor: Tensor) -> Tensor:
-        return root.get(id(tensor), tensor)
-
-    produced: dict[int, int] = {}     # id(root) -> index of the step that writes it
-    last_read: dict[int, int] = {}
-    for index, step in enumerate(steps):
-        if step.view_of is not None:
-            root[id(step.outputs[0])] = root_of(step.inputs[step.view_of])
-        for tensor in step.inputs:
-            last_read[id(root_of(tensor))] = index
-        if step.view_of is None:
-            for tensor in step.outputs:
-                produced[id(tensor)] = index
-    owned = {id(root_of(t)): root_of(t) for step in steps for t in [*step.inputs, *step.outputs]}
-    offsets = _offsets(steps, produced, last_read, owned) if reuse else {}
+    found = lifetimes(steps)
+    owned = {id(found.root_of(t)): found.root_of(t) for step in steps for t in [*step.inputs, *step.outputs]}
+    offsets = _offsets(steps, found, owned) if reuse else {}
     arena = np.empty(max((offset + size for offset, size in offsets.values()), default=0) + ALIGN, dtype=np.uint8)
     shift = (-arena.ctypes.data) % ALIGN
     for key, tensor in owned.items():
@@ -100,15 +76,11 @@ def plan(steps: list[PlannedStep], reuse: bool = True) -> None:
             step.outputs[0].device = np.asarray(source).reshape(step.outputs[0].shape)
 
 
-def _offsets(steps: list[PlannedStep], produced: dict[int, int], last_read: dict[int, int],
-             owned: dict[int, Tensor]) -> dict[int, tuple[int, int]]:
+def _offsets(steps: list[PlannedStep], found: Lifetimes, owned: dict[int, Tensor]) -> dict[int, tuple[int, int]]:
     """Arena (offset, size) for every root tensor a step here writes."""
     free = FreeList()
     offsets: dict[int, tuple[int, int]] = {}
-    dies_after: dict[int, list[int]] = {}
-    for key, index in produced.items():
-        if key in last_read and last_read[key] > index:
-            dies_after.setdefault(last_read[key], []).append(key)
+    dies_after = found.dies_after(found.produced)
     for index, step in enumerate(steps):
         if step.view_of is None:
             for tensor in step.outputs:

@@ -13,6 +13,8 @@ their input's array instead.
 from __future__ import annotations
 
 import numpy as np
+
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.backends.cuda.attention import AttentionExecution, DeviceKVCache
 from mnngpu.backends.cuda.attention import supported as attention_supported
 from mnngpu.backends.cuda.device import CudaDevice, log
@@ -29,8 +31,6 @@ from mnngpu.backends.cuda.movement import (
 )
 from mnngpu.backends.cuda.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.cuda.storage import Storage, storage_for
-
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.module_pool import PREFILL_LEN
 
@@ -62,23 +62,20 @@ class CUDABackend(Backend):
         log.info("CUDA on %s (compute %s), %s storage", self.device.name, self.device.compute_capability,
                  self.storage.name)
 
-    # ---- ops ----------------------------------------------------------------------------------
-    def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node):
-        if not self._supports(inputs, outputs, node):
-            return None
-        return super().onCreate(inputs, outputs, node)
+    def describe(self) -> str:
+        return f"cuda on {self.device.name}"
 
-    @staticmethod
-    def _supports(inputs: list[Tensor], outputs: list[Tensor], node: Node) -> bool:
-        if node.type in ("BinaryOp", "UnaryOp", "Cast"):
-            return elementwise_supported(node, inputs, outputs)
-        if node.type in INDEX_OPS:
-            return all(t.host is not None for t in inputs[1:])
-        if node.type == "Attention":
-            return attention_supported(inputs)
-        if node.type == "Convolution":
-            return "cuda" in node.weights
-        return True
+    # ---- ops ----------------------------------------------------------------------------------
+    def decline(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
+        if node.type in ("BinaryOp", "UnaryOp", "Cast") and not elementwise_supported(node, inputs, outputs):
+            return f"no {node.type} kernel for these dtypes or this op"
+        if node.type in INDEX_OPS and any(t.host is None for t in inputs[1:]):
+            return "indices computed on the device"
+        if node.type == "Attention" and not attention_supported(inputs):
+            return "no attention kernel for this head layout"
+        if node.type == "Convolution" and "cuda" not in node.weights:
+            return "its weights were not packed for CUDA"
+        return super().decline(node, inputs, outputs)
 
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution" and "weight" in node.weights:

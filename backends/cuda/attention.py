@@ -10,8 +10,10 @@ read: the kernel masks causally, like MNN's).
 from __future__ import annotations
 
 import numpy as np
+
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.execution import CudaExecution
+from mnngpu.runtime.kv import grown_capacity, reserve_moves
 
 ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
 MAX_HEAD_DIM = 2 * ATT_TILE
@@ -32,10 +34,10 @@ class DeviceKVCache:
             return self.device.cp.zeros((self.kv_heads, capacity, self.head_dim), dtype=self.dtype)
 
     def ensure(self, length: int) -> bool:
-        """Room for `length` tokens; True when the arrays were replaced (grown by doubling)."""
-        if length <= self.capacity:
+        """Room for `length` tokens; True when the arrays were replaced (runtime.kv.grown_capacity)."""
+        capacity = grown_capacity(self.capacity, length)
+        if capacity == self.capacity:
             return False
-        capacity = max(length, 2 * self.capacity)
         grown = []
         for old in (self.k, self.v):
             new = self._zeros(capacity)
@@ -50,13 +52,13 @@ class DeviceKVCache:
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept (begin, length) spans of a removed region together behind `start`;
         returns the new end (as the CPU backend's KVCache.apply_reserve)."""
+        moves, end = reserve_moves(start, reserve)
         with self.device.stream:
-            for begin, length in reserve:
-                if begin != 0 and length > 0:
-                    for cache in (self.k, self.v):
-                        cache[:, start: start + length] = cache[:, start + begin: start + begin + length].copy()
-                start += length
-        return start
+            for move in moves:
+                for cache in (self.k, self.v):
+                    cache[:, move.target: move.target + move.length] = \
+                        cache[:, move.source: move.source + move.length].copy()
+        return end
 
 
 class AttentionExecution(CudaExecution):

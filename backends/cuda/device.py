@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mnngpu.shaders import shader_path
-
 from mnngpu.errors import BackendUnavailableError
+from mnngpu.shaders import shader_path
 
 log = logging.getLogger("mnngpu.cuda")
 

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnngpu.backend import warn_once
 from mnngpu.backends.cuda.device import CudaDevice, log
 
 GRAPH_ENV = "MNNGPU_CUDA_GRAPH"  # "0" runs every pipeline launch by launch
@@ -73,8 +74,12 @@ class GraphRecorder:
         self._active = recording
         recording.runs += 1
         self.prepare_run(recording)
-        if self.enabled and recording.graph is None and recording.runs > 1 and recording.capturable:
-            self._capture(recording)
+        if self.enabled and recording.graph is None and recording.runs > 1:
+            if recording.capturable:
+                self._capture(recording)
+            elif recording.host_transfers:
+                warn_once("CUDA graphs are off for a pipeline with an op on the CPU backup: its launches "
+                          "run one by one (mnngpu inspect --backend cuda lists the fallbacks)")
 
     def _capture(self, recording: Recording) -> None:
         stream = self.device.stream

@@ -18,9 +18,9 @@ from typing import ClassVar
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor, warn_once
 from mnngpu.backends.opencl import memory
-from mnngpu.backends.opencl.device import VARIANTS, log, log_once, shared_device
+from mnngpu.backends.opencl.device import VARIANTS, log, shared_device
 from mnngpu.backends.opencl.memory import RecordedStep
 from mnngpu.backends.opencl.ops.attention import AttentionExecution, DeviceKVCache
 from mnngpu.backends.opencl.ops.elementwise import (
@@ -35,6 +35,7 @@ from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecu
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.opencl.ops.rope import RoPEExecution
 from mnngpu.errors import ConfigError
+from mnngpu.runtime.fusion import ROPE
 from mnngpu.runtime.module_pool import PREFILL_LEN
 
 FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
@@ -49,7 +50,7 @@ class OpenCLBackend(Backend):
                   "StridedSlice": GatherCopyExecution, "GatherV2": GatherCopyExecution, "Gather": GatherCopyExecution,
                   "Concat": ConcatExecution, "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
                   "Cast": CastExecution, "LayerNorm": LayerNormExecution, "Convolution": LinearExecution,
-                  "Attention": AttentionExecution, "RoPE": RoPEExecution}
+                  "Attention": AttentionExecution, ROPE: RoPEExecution}
 
     def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
                  half_storage: bool | None = None):
@@ -74,36 +75,39 @@ class OpenCLBackend(Backend):
         self._recorded: list[RecordedStep] | None = None
         self._pinned: set[int] = set()           # id()s of tensors another backend copies out
         log.info("OpenCL on %s, %s kernels, %s storage", self.device.name, self.variant, self.float_storage.name)
+        if self.device.is_cpu:
+            warn_once(f"OpenCL runs on {self.device.name}, a CPU device: no OpenCL GPU was found")
 
     def _half_storage(self, config: BackendConfig) -> bool:
         if config.precision == "high":
             return False
         if self.device.has_fp16:
             return True
-        log_once(f"OpenCL device {self.device.name} has no cl_khr_fp16: precision '{config.precision}' "
+        warn_once(f"OpenCL device {self.device.name} has no cl_khr_fp16: precision '{config.precision}' "
                  "runs with fp32 storage")
         return False
 
-    # ---- ops ----------------------------------------------------------------------------------
-    def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node):
-        if not self._supports(inputs, outputs, node):
-            self._pinned.update(id(t) for t in inputs)  # the CPU backup will copy them out
-            return None
-        return super().onCreate(inputs, outputs, node)
+    def describe(self) -> str:
+        return f"opencl on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
 
-    @staticmethod
-    def _supports(inputs: list[Tensor], outputs: list[Tensor], node: Node) -> bool:
+    # ---- ops ----------------------------------------------------------------------------------
+    def decline(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
         op = node.type
         dtypes = {np.dtype(t.dtype) for t in (*inputs, *outputs)}
-        if op == "BinaryOp":
-            return node.param.opType in BINARY_OPS and dtypes == {FLOAT}
-        if op == "UnaryOp":
-            return node.param.opType in UNARY_OPS and dtypes == {FLOAT}
-        if op == "Cast":
-            return dtypes <= {FLOAT, INT}
-        if op in ("StridedSlice", "GatherV2", "Gather"):
-            return all(t.host is not None for t in inputs[1:])
-        return True
+        names = sorted(d.name for d in dtypes)
+        if op in ("BinaryOp", "UnaryOp"):
+            kernels = BINARY_OPS if op == "BinaryOp" else UNARY_OPS
+            if node.param.opType not in kernels:
+                return f"no {op} kernel for {node.param.opType}"
+            return None if dtypes == {FLOAT} else f"{op} kernels run on float32 tensors, got {names}"
+        if op == "Cast" and not dtypes <= {FLOAT, INT}:
+            return f"Cast kernels convert float32 and int32, got {names}"
+        if op in ("StridedSlice", "GatherV2", "Gather") and any(t.host is None for t in inputs[1:]):
+            return "indices computed on the device"
+        return super().decline(node, inputs, outputs)
+
+    def declined(self, node: Node, inputs: list[Tensor]) -> None:
+        self._pinned.update(id(t) for t in inputs)  # the CPU backup will copy them out
 
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution":
@@ -137,6 +141,8 @@ class OpenCLBackend(Backend):
     def record(self, execution, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         """An execution planned at onResize; bound once every tensor has its buffer."""
         step = RecordedStep(execution, inputs, outputs)
+        if self.config.keep_tensors:
+            self._pinned.update(id(t) for t in outputs)
         if self._recorded is None:  # resized on its own, outside a Pipeline's resize
             memory.plan([step], self.pool, self.nbytes, self._own_buffer, self._pinned)
         else:

@@ -26,15 +26,6 @@ INSTALL_HINT = ("install an ICD such as pocl-opencl-icd (Debian) or your GPU ven
 # registers, because PoCL runs barrier-heavy local-memory kernels many times slower.
 VARIANTS = ("cpu", "gpu")
 
-_logged: set[str] = set()
-
-
-def log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        log.warning(message)
-
-
 def _pick_device() -> cl.Device:
     """A GPU if there is one, else an accelerator, else a CPU device."""
     try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import pyopencl as cl
 
 from mnngpu.backend import Tensor
+from mnngpu.runtime.lifetimes import PlannedStep, lifetimes
 
 
 @dataclass
@@ -63,28 +64,11 @@ class BufferPool:
 
 def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
     """Give every tensor the steps touch a buffer (`tensor.device`), then bind each execution."""
-    root: dict[int, Tensor] = {}
-
-    def root_of(tensor: Tensor) -> Tensor:
-        return root.get(id(tensor), tensor)
-
-    produced: dict[int, int] = {}       # id(root) -> the step that writes it
-    last_read: dict[int, int] = {}
-    for index, step in enumerate(steps):
-        if step.execution.view_of is not None:
-            root[id(step.outputs[0])] = root_of(step.inputs[step.execution.view_of])
-        for tensor in step.inputs:
-            last_read[id(root_of(tensor))] = index
-        if step.execution.view_of is None:
-            for tensor in step.outputs:
-                produced.setdefault(id(tensor), index)
+    found = lifetimes([PlannedStep(s.inputs, s.outputs, s.execution.view_of) for s in steps])
     read = {id(tensor) for step in steps for tensor in step.inputs}
-    unread = {id(root_of(t)) for step in steps for t in step.outputs if id(t) not in read}  # graph outputs
-    pooled = {key for key, index in produced.items()
-              if last_read.get(key, -1) > index and key not in pinned and key not in unread}
-    dies_after: dict[int, list[int]] = {}
-    for key in pooled:
-        dies_after.setdefault(last_read[key], []).append(key)
+    unread = {id(found.root_of(t)) for step in steps for t in step.outputs if id(t) not in read}  # graph outputs
+    dies_after = found.dies_after(key for key in found.produced if key not in pinned and key not in unread)
+    pooled = {key for keys in dies_after.values() for key in keys}
 
     pool.reset()
     taken: dict[int, int] = {}
@@ -97,7 +81,7 @@ def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinne
                 pool.give(taken[key])
     for step in steps:
         for tensor in (*step.inputs, *step.outputs):
-            owner = root_of(tensor)
+            owner = found.root_of(tensor)
             if owner.device is None:
                 owner.device = make_own(owner)
             tensor.device = owner.device

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backend import Backend, BackendConfig, Node, Tensor, warn_once
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
@@ -43,6 +43,7 @@ class VulkanBackend(Backend):
         super().__init__(config, kv_meta if kv_meta is not None else KVMeta())
         self.device: VulkanDevice = shared_device()
         self.fp16 = not config.fp32 and self.device.fp16
+        self._warn_drops(config)
         self.store_dtype = np.dtype(np.float16 if self.fp16 else np.float32)  # KV cache, dense weights
         self.max_binding_bytes = self.device.max_binding_bytes
         self.max_tokens = int(getattr(config, "max_all_tokens", None) or DEFAULT_MAX_TOKENS)
@@ -57,6 +58,17 @@ class VulkanBackend(Backend):
         self._scratch: dict[int, DeviceTensor] = {}
         self._segments: list[Segment] = []
         self._due: list[Segment] = []
+
+    def _warn_drops(self, config: BackendConfig) -> None:
+        name = self.device.name
+        if self.device.is_cpu:
+            warn_once(f"Vulkan runs on {name}, a CPU device: no Vulkan GPU was found")
+        if not config.fp32 and not self.device.fp16:
+            warn_once(f"Vulkan device {name} lacks shaderFloat16 or 16-bit storage: precision "
+                      f"'{config.precision}' runs in fp32")
+
+    def describe(self) -> str:
+        return f"vulkan on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
 
     def _variant(self) -> str:
         """Kernels for CPU devices avoid barriers and shared memory; GPUs get workgroup kernels."""
@@ -75,12 +87,14 @@ class VulkanBackend(Backend):
             pack_norm(self, node)
 
     # ---- resize -------------------------------------------------------------------------------
-    def onCreate(self, inputs, outputs, node):
+    def decline(self, node, inputs, outputs):
         cls = self.executions.get(node.type)
-        if cls is None or not cls.supports(inputs, outputs, node):
-            self._close_segment()   # the CPU backup runs this op between two submits
-            return None
-        return cls(self, node)
+        if cls is None:
+            return super().decline(node, inputs, outputs)
+        return cls.decline(inputs, outputs, node)
+
+    def declined(self, node, inputs):
+        self._close_segment()   # the CPU backup runs this op between two submits
 
     def onResizeBegin(self) -> None:
         self._segments = [Segment()]

@@ -2,7 +2,7 @@
 
 `fuse(ops, supported, graph_outputs)` returns a new op list; a pattern is rewritten only when
 its fused type is in `supported` (the backend's `executions` table), so a backend without the
-kernels sees the graph as exported. The fused node types:
+kernels sees the graph as exported. The fused node types (each named with FUSED_PREFIX):
 
 * "GatedLinear": MUL_SILU(up(x), gate(x)) of two Convolutions reading the same x ->
   one node, members [gate, up], output up*silu(gate). Saves the [seq, intermediate] tensors.
@@ -25,9 +25,12 @@ import numpy as np
 
 from mnngpu.backend import Node, Tensor
 from mnngpu.runtime import host_ops, shapes
-from mnngpu.runtime.pipeline import GraphOp
+from mnngpu.runtime.graph import GraphOp
 
-LINEAR_GROUP, GATED_LINEAR, ROPE = "LinearGroup", "GatedLinear", "RoPE"
+# The "fused." prefix keeps these apart from MNN's op types (MNN has its own RoPE, 306): no
+# MNN op type contains a dot, so a graph can never name one of them.
+FUSED_PREFIX = "fused."
+LINEAR_GROUP, GATED_LINEAR, ROPE = (FUSED_PREFIX + name for name in ("LinearGroup", "GatedLinear", "RoPE"))
 
 
 @dataclass

@@ -36,3 +36,32 @@ class KVMeta:
         """Drop the whole cache on the next forward."""
         self.remove = self.previous
         self.reserve = []
+
+
+@dataclass
+class SpanMove:
+    """Token rows [source, source + length) of every head move to [target, target + length)."""
+
+    source: int
+    target: int
+    length: int
+
+
+def reserve_moves(start: int, reserve: list[tuple[int, int]]) -> tuple[list[SpanMove], int]:
+    """The moves that gather the kept (begin, length) spans of a removed region behind `start`,
+    in order (a span may overlap its target: copy through a scratch buffer, or copy a snapshot),
+    and the cache's new end. Spans already in place need no move."""
+    moves = []
+    for begin, length in reserve:
+        if begin != 0 and length > 0:
+            moves.append(SpanMove(start + begin, start, length))
+        start += length
+    return moves, start
+
+
+def grown_capacity(capacity: int, needed: int, multiple: int = 1) -> int:
+    """A cache's capacity once it must hold `needed` tokens: grown by at least half (so appends stay
+    amortized), rounded up to `multiple`. Device caches are sized up front; this is their safety net."""
+    if needed <= capacity:
+        return capacity
+    return -(-max(needed, capacity + capacity // 2) // multiple) * multiple

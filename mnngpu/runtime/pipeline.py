@@ -1,45 +1,20 @@
 """Pipeline: one resize of the graph for one set of input shapes, then cheap replays.
 
-At resize, ops whose inputs are all known on the host (shape arithmetic, constants) are
-folded with numpy; every other op gets an Execution from the backend, or from the CPU backup
-when the backend declines it, with copies inserted where a tensor changes backend.
+At resize, placement (runtime/placement.py) first decides where each op runs: folded on the
+host, on the backend, or on the CPU backup when the backend declines it. Then each placed op
+gets its Execution, with copies inserted where a tensor changes backend.
 `run()` replays only the Executions: no planning per step.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-
-import numpy as np
 
 from mnngpu.backend import Backend, Execution, Node, Tensor
 from mnngpu.errors import ModelFormatError
-from mnngpu.runtime import host_ops, shapes
-
-
-# What numpy/numba raise when a damaged graph's values (a reshape target, an axis, a slice
-# bound) do not fit the tensors: reported as a format error naming the op.
-NUMERIC_ERRORS = (ArithmeticError, ValueError, IndexError, TypeError)
-
-
-def _named_error(node: Node, what: str, exc: Exception) -> ModelFormatError:
-    return ModelFormatError(f"op {node.type} {what}: {exc}", field=node.name)
-
-
-@contextmanager
-def op_errors_named(node: Node, what: str):
-    try:
-        yield
-    except NUMERIC_ERRORS as exc:
-        raise _named_error(node, what, exc) from exc
-
-
-@dataclass
-class GraphOp:
-    node: Node
-    inputs: list[int]
-    outputs: list[int]
+from mnngpu.runtime import placement
+from mnngpu.runtime.graph import NUMERIC_ERRORS, GraphOp, named_error, op_errors_named
+from mnngpu.runtime.placement import Assignment, PlacementTable
 
 
 @dataclass
@@ -61,26 +36,29 @@ class CopyToBackend(Execution):
 
 
 class Pipeline:
-    def __init__(self, ops: list[GraphOp], backend: Backend, cpu_backup: Backend):
+    def __init__(self, ops: list[GraphOp], backend: Backend, cpu_backup: Backend,
+                 placements: PlacementTable | None = None):
         self.ops = ops
         self.backend = backend
         self.cpu_backup = cpu_backup
+        self.placements = placements
         self.steps: list[Step] = []
+        self.assignments: list[Assignment] = []
         self.owner: dict[int, Backend] = {}  # id(tensor) -> backend holding its device buffer
 
     def resize(self, tensors: list[Tensor | None]) -> None:
         """`tensors` holds the graph inputs and constants; fills in every other tensor."""
         self.steps = []
+        strict = bool(getattr(self.backend.config, "strict_device", False))
+        self.assignments = placement.assign(self.ops, tensors, self.backend, self.cpu_backup, strict)
+        if self.placements is not None:
+            self.placements.record(self.assignments)
         for backend in {self.backend, self.cpu_backup}:
             backend.onResizeBegin()
-        for op in self.ops:
-            inputs = [tensors[i] for i in op.inputs]
-            with op_errors_named(op.node, "does not fit its inputs"):
-                if op.node.type in host_ops.SHAPE_OPS or (
-                        op.node.type in host_ops.HOST_OPS and all(t.host is not None for t in inputs)):
-                    self._fold(op, inputs, tensors)
-                else:
-                    self._place(op, inputs, tensors)
+        for assignment in self.assignments:
+            if assignment.backend is not None:
+                with op_errors_named(assignment.op.node, "does not fit its inputs"):
+                    self._create(assignment)
         for backend in {self.backend, self.cpu_backup}:
             backend.onResizeEnd()
 
@@ -89,31 +67,22 @@ class Pipeline:
         self.backend.alloc(tensor)
         self.owner[id(tensor)] = self.backend
 
-    def _fold(self, op: GraphOp, inputs: list[Tensor], tensors: list[Tensor | None]) -> None:
-        values = host_ops.evaluate(op.node, [t.host if t.host is not None else host_ops.shape_stand_in(t) for t in inputs])
-        for index, value in zip(op.outputs, values):
-            value = np.asarray(value)
-            tensors[index] = Tensor(value.shape, value.dtype, name=op.node.name, host=value)
-
-    def _place(self, op: GraphOp, inputs: list[Tensor], tensors: list[Tensor | None]) -> None:
-        outputs = [Tensor(tuple(int(d) for d in shape), np.dtype(dtype), name=op.node.name)
-                   for shape, dtype in shapes.infer(op.node, inputs)]
-        backend = self.backend
-        execution = backend.onCreate(inputs, outputs, op.node)
+    def _create(self, assignment: Assignment) -> None:
+        backend, node = assignment.backend, assignment.op.node
+        if backend is not self.backend:
+            self.backend.declined(node, assignment.inputs)
+            placement.rearrange_for(backend, node)
+        execution = backend.onCreate(assignment.inputs, assignment.outputs, node)
         if execution is None:
-            backend = self.cpu_backup
-            execution = backend.onCreate(inputs, outputs, op.node)
-        if execution is None:
-            raise ModelFormatError(f"no backend can run op type {op.node.type}", field=op.node.name)
-        inputs = [self._on_backend(t, backend) for t in inputs]
-        for tensor in outputs:
+            raise ModelFormatError(f"the {backend.type} backend accepted op type {node.type} and then "
+                                   "made no Execution for it", field=node.name)
+        inputs = [self._on_backend(t, backend) for t in assignment.inputs]
+        for tensor in assignment.outputs:
             backend.alloc(tensor)
             self.owner[id(tensor)] = backend
-        execution.onResize(inputs, outputs)
+        execution.onResize(inputs, assignment.outputs)
         if execution.needs_run:
-            self.steps.append(Step(execution, inputs, outputs))
-        for index, tensor in zip(op.outputs, outputs):
-            tensors[index] = tensor
+            self.steps.append(Step(execution, inputs, assignment.outputs))
 
     def _on_backend(self, tensor: Tensor, backend: Backend) -> Tensor:
         """The tensor as `backend` can read it: constants are uploaded once, activations copied."""
@@ -137,7 +106,7 @@ class Pipeline:
             for step in self.steps:
                 step.execution.onExecute(step.inputs, step.outputs)
         except NUMERIC_ERRORS as exc:
-            raise _named_error(step.execution.node, "failed on this model's values", exc) from exc
+            raise named_error(step.execution.node, "failed on this model's values", exc) from exc
         self.backend.finish()
         if self.cpu_backup is not self.backend:
             self.cpu_backup.finish()

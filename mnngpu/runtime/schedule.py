@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mnngpu.backend import Backend, BackendConfig, backend_class, create_backend
 from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.placement import PlacementTable
 
 
 @dataclass
@@ -23,13 +24,15 @@ class RuntimeManager:
     def __init__(self, schedule: ScheduleConfig):
         self.schedule = schedule
         self.kv_meta = KVMeta()
+        self.placements = PlacementTable(schedule.backend_type)   # every resize's node -> backend
         self._backend: Backend | None = None
         self._cpu_backup: Backend | None = None
 
     @classmethod
     def from_config(cls, config) -> "RuntimeManager":
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
-                                thread_num=config.thread_num, max_all_tokens=config.max_all_tokens)
+                                thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
+                                strict_device=config.strict_device)
         return cls(ScheduleConfig(config.backend_type, backend))
 
     @property
@@ -49,3 +52,7 @@ class RuntimeManager:
             self._cpu_backup = create_backend("cpu", self.schedule.backend_config, self.kv_meta)
             self._cpu_backup.reuse_memory = False   # the device backend reads its tensors mid-run
         return self._cpu_backup
+
+    def describe(self) -> str:
+        """The backend and its device, e.g. "vulkan on llvmpipe (CPU)"."""
+        return self.backend().describe()

@@ -13,7 +13,10 @@ import numpy as np
 
 from mnngpu.backend import Backend, Tensor
 from mnngpu.errors import InputError
-from mnngpu.runtime.pipeline import GraphOp, Pipeline
+from mnngpu.runtime import placement
+from mnngpu.runtime.graph import GraphOp
+from mnngpu.runtime.pipeline import Pipeline
+from mnngpu.runtime.placement import Assignment, PlacementTable
 
 
 @dataclass
@@ -30,10 +33,11 @@ class Session:
 
     def __init__(self, ops: list[GraphOp], n_tensors: int, inputs: list[GraphInput],
                  constants: dict[int, np.ndarray], outputs: dict[str, int],
-                 backend: Backend, cpu_backup: Backend):
+                 backend: Backend, cpu_backup: Backend, placements: PlacementTable | None = None):
         self.ops, self.n_tensors, self.inputs = ops, n_tensors, inputs
         self.constants, self.outputs = constants, outputs
         self.backend, self.cpu_backup = backend, cpu_backup
+        self.placements = placements
         self.pipelines: OrderedDict[tuple, tuple[Pipeline, list[Tensor | None]]] = OrderedDict()
 
     def _key(self, feeds: dict[str, np.ndarray]) -> tuple:
@@ -50,23 +54,36 @@ class Session:
         if key in self.pipelines:
             self.pipelines.move_to_end(key)
             return self.pipelines[key]
-        tensors: list[Tensor | None] = [None] * self.n_tensors
-        for index, value in self.constants.items():
-            tensors[index] = Tensor(value.shape, value.dtype, name=f"const{index}", host=value)
-        pipeline = Pipeline(self.ops, self.backend, self.cpu_backup)
+        tensors = self._graph_tensors(feeds)
+        pipeline = Pipeline(self.ops, self.backend, self.cpu_backup, self.placements)
         for spec in self.inputs:
-            value = np.asarray(feeds[spec.name], dtype=spec.dtype)
-            tensor = Tensor(value.shape, np.dtype(spec.dtype), name=spec.name)
-            if spec.on_host:
-                tensor.host = value
-            else:
-                pipeline.bind_input(tensor)
-            tensors[spec.index] = tensor
+            if not spec.on_host:
+                pipeline.bind_input(tensors[spec.index])
         pipeline.resize(tensors)
         self.pipelines[key] = (pipeline, tensors)
         while len(self.pipelines) > self.MAX_PIPELINES:
             self.pipelines.popitem(last=False)
         return pipeline, tensors
+
+    def _graph_tensors(self, feeds: dict[str, np.ndarray]) -> list[Tensor | None]:
+        """The constants and the graph inputs shaped as `feeds` (host values only where on_host)."""
+        tensors: list[Tensor | None] = [None] * self.n_tensors
+        for index, value in self.constants.items():
+            tensors[index] = Tensor(value.shape, value.dtype, name=f"const{index}", host=value)
+        for spec in self.inputs:
+            value = np.asarray(feeds[spec.name], dtype=spec.dtype)
+            tensors[spec.index] = Tensor(value.shape, np.dtype(spec.dtype), name=spec.name,
+                                         host=value if spec.on_host else None)
+        return tensors
+
+    def place(self, feeds: dict[str, np.ndarray]) -> list[Assignment]:
+        """Where each op would run for inputs shaped as `feeds`, without resizing (recorded in the
+        placement table; under strict_device a fallback raises here)."""
+        strict = bool(getattr(self.backend.config, "strict_device", False))
+        assignments = placement.assign(self.ops, self._graph_tensors(feeds), self.backend, self.cpu_backup, strict)
+        if self.placements is not None:
+            self.placements.record(assignments)
+        return assignments
 
     def run(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> list[np.ndarray]:
         missing = [spec.name for spec in self.inputs if spec.name not in feeds]

@@ -7,6 +7,8 @@ layout (dropping the raw arrays), and builds the Session that resizes and runs t
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnngpu.backend import Node
@@ -15,8 +17,8 @@ from mnngpu.format import Net
 from mnngpu.format.quant import read_linear
 from mnngpu.format.weights import WeightFile, read_layernorm
 from mnngpu.runtime.fusion import fuse
+from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.host_ops import DTYPES
-from mnngpu.runtime.pipeline import GraphOp
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.session import GraphInput, Session
 
@@ -47,8 +49,11 @@ class StaticModule:
                 self.inputs.append(self._graph_input(op))
             elif op.type != "Const":
                 node = Node(op.type, op.name, op.param, decode_weights(op, weights))
+                if node.weights:
+                    node.source = partial(decode_weights, op, weights)
                 if rearrange:
                     backend.rearrange(node)
+                    node.packed_for.add(backend.type)
                 self.ops.append(GraphOp(node, list(op.inputs), list(op.outputs)))
         self.outputs = {name: net.tensor_names.index(name) for name in net.output_names}
         # Fused node types are used only where this backend's executions table has them.
@@ -66,4 +71,4 @@ class StaticModule:
     def session(self) -> Session:
         """A new Session over the shared, already-packed nodes (one per pool module)."""
         return Session(self.ops, len(self.net.tensor_names), self.inputs, self.constants, self.outputs,
-                       self.runtime.backend(), self.runtime.cpu_backup())
+                       self.runtime.backend(), self.runtime.cpu_backup(), self.runtime.placements)

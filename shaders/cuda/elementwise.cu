@@ -1,5 +1,5 @@
 // Elementwise ops on real_t tensors: BinaryOp, UnaryOp and Cast.
-// The op codes are numbered in backends/cuda/elementwise.py (BINARY_CODES, UNARY_CODES).
+// The op codes are numbered in mnngpu/runtime/elementwise.py (BINARY_CODES, UNARY_CODES).
 #include "common.cuh"
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

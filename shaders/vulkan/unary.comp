@@ -1,5 +1,5 @@
 #version 450
-// y = f(x) elementwise; `op` numbers follow UNARY_OPS in backends/vulkan/ops/elementwise.py.
+// y = f(x) elementwise; `op` numbers follow UNARY_CODES in mnngpu/runtime/elementwise.py.
 #include "common.glsl"
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };

@@ -16,6 +16,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
+from mnngpu.runtime.kv import grown_capacity, reserve_moves
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -31,10 +32,9 @@ class KVCache:
         self.v = np.zeros_like(self.k)
 
     def ensure(self, length: int) -> None:
-        capacity = self.k.shape[1]
-        if length <= capacity:
+        capacity = grown_capacity(self.k.shape[1], length, KV_STEP)
+        if capacity == self.k.shape[1]:
             return
-        capacity = -(-max(length, capacity + capacity // 2) // KV_STEP) * KV_STEP
         for name in ("k", "v"):
             old = getattr(self, name)
             grown = np.zeros((old.shape[0], capacity, old.shape[2]), dtype=np.float32)
@@ -43,13 +43,12 @@ class KVCache:
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end."""
-        for begin, length in reserve:
-            src = slice(start + begin, start + begin + length)
-            dst = slice(start, start + length)
-            self.k[:, dst] = self.k[:, src].copy()
-            self.v[:, dst] = self.v[:, src].copy()
-            start += length
-        return start
+        moves, end = reserve_moves(start, reserve)
+        for move in moves:
+            for cache in (self.k, self.v):
+                cache[:, move.target: move.target + move.length] = \
+                    cache[:, move.source: move.source + move.length].copy()
+        return end
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)

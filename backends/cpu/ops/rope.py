@@ -1,4 +1,4 @@
-"""The fused rotary embedding (runtime/fusion.py's "RoPE" node): one pass instead of seven ops.
+"""The fused rotary embedding (runtime/fusion.py's ROPE node): one pass instead of seven ops.
 
     out = x * cos + rotate(x) * sin,   rotate(x) = concat(-x[..., s:], x[..., :s])
 x (1, seq, heads, dim); cos, sin hold one row of `dim` per position, shared by the heads.

@@ -13,6 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.runtime.kv import grown_capacity, reserve_moves
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
@@ -29,12 +30,10 @@ class DeviceKVCache:
         self.version = 0  # bumped when the buffers are replaced, so kernels bind the new ones
 
     def ensure(self, length: int) -> None:
-        """Room for `length` tokens; grows by doubling (a safety net: the capacity is sized up front)."""
-        if length <= self.capacity:
+        """Room for `length` tokens (runtime.kv.grown_capacity)."""
+        capacity = grown_capacity(self.capacity, length)
+        if capacity == self.capacity:
             return
-        capacity = self.capacity
-        while capacity < length:
-            capacity *= 2
         self.k, self.v = (self._grown(old, capacity) for old in (self.k, self.v))
         self.capacity = capacity
         self.version += 1
@@ -49,17 +48,16 @@ class DeviceKVCache:
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept (begin, length) spans of a removed region together behind `start`;
         returns the new end. Rare, so it goes through a scratch buffer (OpenCL copies may not overlap)."""
-        for begin, length in reserve:
-            if begin != 0 and length > 0:
-                nbytes = length * self.row_bytes
-                scratch = self.backend.device.buffer(nbytes)
-                for buffer in (self.k, self.v):
-                    for h in range(self.kv_heads):
-                        head = h * self.capacity
-                        self._copy(buffer, scratch, (head + start + begin) * self.row_bytes, 0, nbytes)
-                        self._copy(scratch, buffer, 0, (head + start) * self.row_bytes, nbytes)
-            start += length
-        return start
+        moves, end = reserve_moves(start, reserve)
+        for move in moves:
+            nbytes = move.length * self.row_bytes
+            scratch = self.backend.device.buffer(nbytes)
+            for buffer in (self.k, self.v):
+                for h in range(self.kv_heads):
+                    head = h * self.capacity
+                    self._copy(buffer, scratch, (head + move.source) * self.row_bytes, 0, nbytes)
+                    self._copy(scratch, buffer, 0, (head + move.target) * self.row_bytes, nbytes)
+        return end
 
     def _copy(self, src: cl.Buffer, dst: cl.Buffer, src_offset: int, dst_offset: int, nbytes: int) -> None:
         cl.enqueue_copy(self.backend.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)

@@ -5,23 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, compact, int8_vector
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
 from mnngpu.errors import ModelFormatError
-from mnngpu.runtime.movement import index_stand_in
+from mnngpu.runtime.elementwise import BINARY_CODES, UNARY_CODES
+from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
-BINARY_OPS = frozenset({"ADD", "SUB", "MUL", "REALDIV", "DIV", "FLOORDIV", "MOD", "FLOORMOD", "POW", "MAXIMUM",
-                        "MINIMUM", "MAX_TEMP", "MIN_TEMP", "SquaredDifference", "GREATER", "GREATER_EQUAL", "LESS",
-                        "LESS_EQUAL", "EQUAL", "NOTEQUAL", "ATAN2", "MUL_SILU"})
-UNARY_OPS = frozenset({"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN",
-                       "ASIN", "ACOS", "ATAN", "RECIPROCAL", "TANH", "SIGMOID", "SILU", "SIGN", "ROUND", "ERF",
-                       "GELU", "GELU_STANDARD"})
-
-
-def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
-    """Per output dim, the input's element stride (0 where the input is broadcast)."""
-    offsets = np.broadcast_to(index_stand_in(shape), out_shape)
-    return [s // offsets.itemsize for s in offsets.strides]
+BINARY_OPS = frozenset(BINARY_CODES)   # the kernels are named after the ops
+UNARY_OPS = frozenset(UNARY_CODES)
 
 
 class BinaryExecution(KernelExecution):
@@ -32,8 +23,8 @@ class BinaryExecution(KernelExecution):
         if a.shape == b.shape == out.shape:
             self.prepare("elementwise.cl", f"binary_flat_{op}", buffers, (out.size,))
             return
-        shape, (a_strides, b_strides) = compact(out.shape, [broadcast_strides(a.shape, out.shape),
-                                                            broadcast_strides(b.shape, out.shape)])
+        shape, (a_strides, b_strides) = coalesce(out.shape, broadcast_strides(a.shape, out.shape),
+                                                 broadcast_strides(b.shape, out.shape))
         if len(shape) > MAX_RANK:
             raise ModelFormatError(f"a broadcast over at most {MAX_RANK} dims, got {len(shape)}", field=self.node.name)
         vectors = [int8_vector(shape, 1), int8_vector(a_strides, 0), int8_vector(b_strides, 0)]

@@ -12,8 +12,14 @@ import numpy as np
 
 from mnngpu.backend import Tensor
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, affine_strides, compact, int8_vector
-from mnngpu.runtime.movement import concat_destinations, gather_sources, index_stand_in
+from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
+from mnngpu.runtime.movement import (
+    affine_strides,
+    coalesce,
+    concat_destinations,
+    gather_sources,
+    index_stand_in,
+)
 
 
 class ViewExecution(KernelExecution):
@@ -29,7 +35,7 @@ class CopyExecution(KernelExecution):
         src_fit, dst_fit = affine_strides(src_offsets), affine_strides(dst_offsets)
         n = np.int32(src_offsets.size)
         if src_fit is not None and dst_fit is not None:
-            shape, (src_strides, dst_strides) = compact(src_offsets.shape, [src_fit[1], dst_fit[1]])
+            shape, (src_strides, dst_strides) = coalesce(src_offsets.shape, src_fit[1], dst_fit[1])
             if len(shape) <= MAX_RANK:
                 args = [dst, src, n, int8_vector(shape, 1), int8_vector(src_strides, 0),
                         int8_vector(dst_strides, 0), np.int32(src_fit[0]), np.int32(dst_fit[0])]

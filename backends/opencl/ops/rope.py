@@ -1,4 +1,4 @@
-"""The fused rotary embedding (runtime/fusion.py's "RoPE" node) in one kernel instead of seven ops.
+"""The fused rotary embedding (runtime/fusion.py's ROPE node) in one kernel instead of seven ops.
 
 x (1, seq, heads, dim); cos and sin hold one row of `dim` per position, shared by the heads.
 When the node's slices are not the rotate-half split of the last axis, or cos/sin are laid out

@@ -7,12 +7,13 @@ from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
+from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP, ROPE
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,
-    "LinearGroup": VulkanLinear,
-    "GatedLinear": VulkanLinear,
-    "RoPE": VulkanRoPE,
+    LINEAR_GROUP: VulkanLinear,
+    GATED_LINEAR: VulkanLinear,
+    ROPE: VulkanRoPE,
     "LayerNorm": VulkanLayerNorm,
     "Attention": VulkanAttention,
     "BinaryOp": VulkanBinary,

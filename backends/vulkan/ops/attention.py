@@ -16,6 +16,7 @@ import numpy as np
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import InputError
+from mnngpu.runtime.kv import reserve_moves
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 
@@ -34,23 +35,30 @@ class KVCache:
         """Move the kept spans of a removed region together behind `start`; returns the new end.
         Spans may overlap their destination, so each goes through the spare buffer."""
         row = self.head_dim * self.k.dtype.itemsize
+        moves, end = reserve_moves(start, reserve)
         regions = []
-        for begin, length in reserve:
+        for move in moves:
+            nbytes = move.length * row
             for cache in (self.k, self.v):
                 for head in range(self.kv_heads):
                     base = head * self.capacity
-                    regions.append((cache.buffer, (base + start + begin) * row, self.spare.buffer, 0, length * row))
-                    regions.append((self.spare.buffer, 0, cache.buffer, (base + start) * row, length * row))
-            start += length
+                    regions.append((cache.buffer, (base + move.source) * row, self.spare.buffer, 0, nbytes))
+                    regions.append((self.spare.buffer, 0, cache.buffer, (base + move.target) * row, nbytes))
         if regions:
             self.k.arena.copy(regions)
-        return start
+        return end
 
 
 class VulkanAttention(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return inputs[0].shape[3] <= MAX_HEAD_DIM and inputs[0].shape[2] % inputs[1].shape[2] == 0
+    def decline(cls, inputs, outputs, node):
+        _, _, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        if dim > MAX_HEAD_DIM:
+            return f"head dim {dim} is over the kernels' {MAX_HEAD_DIM}"
+        if heads % kv_heads:
+            return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
+        return None
 
     def onResize(self, inputs, outputs):
         backend = self.backend

@@ -13,9 +13,9 @@ class VulkanExecution(Execution):
     segment: Segment | None = None
 
     @classmethod
-    def supports(cls, inputs, outputs, node) -> bool:
-        """False where this op, with these shapes, must run on the CPU backup instead."""
-        return True
+    def decline(cls, inputs, outputs, node) -> str | None:
+        """Why this op, with these shapes, must run on the CPU backup instead; None when it need not."""
+        return None
 
     def dispatch(self, kernel_name: str, bindings: list[DeviceTensor], push: bytes,
                  groups: int | tuple[int, int, int], writes: tuple[int, ...] = (-1,)) -> None:

@@ -5,18 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, padded
+from mnngpu.backends.vulkan.ops.layout import padded
 from mnngpu.backends.vulkan.program import pack_push
-
-# the `op` numbers of unary.comp, in order
-UNARY_OPS = ["ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN", "ASIN",
-             "ACOS", "ATAN", "RECIPROCAL", "TANH", "SIGMOID", "SILU", "SIGN", "ROUND", "ERF", "GELU", "GELU_STANDARD"]
-
-# the `op` numbers of binary.comp; aliases share a number
-BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3, "FLOORDIV": 5, "MOD": 6, "FLOORMOD": 6,
-              "POW": 8, "MAXIMUM": 9, "MINIMUM": 10, "MAX_TEMP": 9, "MIN_TEMP": 10, "SquaredDifference": 11,
-              "GREATER": 12, "GREATER_EQUAL": 13, "LESS": 14, "LESS_EQUAL": 15, "EQUAL": 16, "NOTEQUAL": 17,
-              "ATAN2": 18, "MUL_SILU": 19}
+from mnngpu.runtime.elementwise import BINARY_CODES, UNARY_CODES
+from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 
 def _is_float(tensor) -> bool:
@@ -25,21 +17,27 @@ def _is_float(tensor) -> bool:
 
 class VulkanUnary(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return node.param.opType in UNARY_OPS and _is_float(inputs[0])
+    def decline(cls, inputs, outputs, node):
+        if node.param.opType not in UNARY_CODES:
+            return f"no unary kernel for {node.param.opType}"
+        return None if _is_float(inputs[0]) else f"unary ops run on float tensors, got {inputs[0].dtype}"
 
     def onResize(self, inputs, outputs):
         x = inputs[0].device
         y = outputs[0].device = self.backend.new_tensor(outputs[0])
         n = outputs[0].size
         self.dispatch("unary", [x, y],
-                      pack_push("II", n, UNARY_OPS.index(self.node.param.opType)), element_groups(n))
+                      pack_push("II", n, UNARY_CODES[self.node.param.opType]), element_groups(n))
 
 
 class VulkanBinary(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return node.param.opType in BINARY_OPS and inputs[0].dtype == inputs[1].dtype
+    def decline(cls, inputs, outputs, node):
+        if node.param.opType not in BINARY_CODES:
+            return f"no binary kernel for {node.param.opType}"
+        if inputs[0].dtype != inputs[1].dtype:
+            return f"mixed input dtypes {inputs[0].dtype} and {inputs[1].dtype}"
+        return None
 
     def onResize(self, inputs, outputs):
         a, b = inputs[0].device, inputs[1].device
@@ -49,7 +47,7 @@ class VulkanBinary(VulkanExecution):
         shape, (sa, sb) = coalesce(out.shape, broadcast_strides(inputs[0].shape, out.shape),
                                    broadcast_strides(inputs[1].shape, out.shape))
         what = f"BinaryOp {self.node.name}"
-        push = pack_push("IIII6I6i6i", out.size, BINARY_OPS[self.node.param.opType], len(shape), 0,
+        push = pack_push("IIII6I6i6i", out.size, BINARY_CODES[self.node.param.opType], len(shape), 0,
                          *padded(shape, what), *padded(sa, what), *padded(sb, what))
         self.dispatch(kernel, [a, b, c], push, element_groups(out.size))
 

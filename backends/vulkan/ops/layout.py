@@ -8,31 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnngpu.errors import ModelFormatError
-from mnngpu.runtime.movement import contiguous_strides
+from mnngpu.runtime.movement import affine_strides, coalesce, contiguous_strides
 
 MAX_RANK = 6
-
-
-def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
-    """Element strides of a `shape` input read across `out_shape` (numpy broadcasting): 0 along
-    the dims it is broadcast over."""
-    padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return [0 if size == 1 and out != 1 else stride
-            for size, out, stride in zip(padded, out_shape, contiguous_strides(padded))]
-
-
-def coalesce(shape, *strides) -> tuple[list[int], list[list[int]]]:
-    """Drop size-1 dims and merge neighbours that every stride list walks as one dim."""
-    dims = [(int(n), [int(s[i]) for s in strides]) for i, n in enumerate(shape) if int(n) != 1]
-    merged: list[tuple[int, list[int]]] = []
-    for size, step in dims:
-        if merged and all(prev == cur * size for prev, cur in zip(merged[-1][1], step)):
-            merged[-1] = (merged[-1][0] * size, step)
-        else:
-            merged.append((size, step))
-    if not merged:
-        merged = [(1, [0] * len(strides))]
-    return [n for n, _ in merged], [[s[i] for _, s in merged] for i in range(len(strides))]
 
 
 def padded(values: list[int], what: str) -> list[int]:
@@ -70,7 +48,7 @@ def affine_copies(index: np.ndarray) -> list[StridedCopy]:
 def _split(index: np.ndarray, dst_offset: int, copies: list[StridedCopy]) -> None:
     if index.size == 0:
         return
-    fitted = _affine(index)
+    fitted = affine_strides(index)
     if fitted is not None:
         src_offset, src_strides = fitted
         shape, (src, dst) = coalesce(index.shape, src_strides, contiguous_strides(index.shape))
@@ -81,20 +59,3 @@ def _split(index: np.ndarray, dst_offset: int, copies: list[StridedCopy]) -> Non
     step = int(np.prod(index.shape[1:], dtype=np.int64))
     for i in range(index.shape[0]):
         _split(index[i], dst_offset + i * step, copies)
-
-
-def _affine(index: np.ndarray) -> tuple[int, list[int]] | None:
-    """(offset, strides) with index == offset + sum(coord * strides), or None."""
-    origin = (0,) * index.ndim
-    offset = int(index[origin]) if index.ndim else int(index)
-    strides = []
-    for axis, size in enumerate(index.shape):
-        if size == 1:
-            strides.append(0)
-            continue
-        unit = list(origin)
-        unit[axis] = 1
-        strides.append(int(index[tuple(unit)]) - offset)
-    predicted = offset + sum(np.arange(size).reshape([-1 if a == axis else 1 for a in range(index.ndim)]) * stride
-                             for axis, (size, stride) in enumerate(zip(index.shape, strides)))
-    return (offset, strides) if np.array_equal(index, np.broadcast_to(predicted, index.shape)) else None

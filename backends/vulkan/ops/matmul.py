@@ -19,6 +19,7 @@ from mnngpu.backends.vulkan.memory import DeviceTensor
 from mnngpu.backends.vulkan.ops.base import VulkanExecution
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.format.quant import QuantizedLinear
+from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP
 
 GROUP = 8              # inputs per weight group
 QUAD = 4               # output channels per invocation
@@ -126,7 +127,7 @@ def pack_linear(backend, weight: QuantizedLinear) -> PackedLinear:
 
 def _members(node) -> list:
     """The Convolution nodes an Execution runs: the node itself, or a fused node's members."""
-    return list(node.param.members) if node.type in ("LinearGroup", "GatedLinear") else [node]
+    return list(node.param.members) if node.type in (LINEAR_GROUP, GATED_LINEAR) else [node]
 
 
 class VulkanLinear(VulkanExecution):
@@ -134,21 +135,25 @@ class VulkanLinear(VulkanExecution):
     (members [gate, up], one output up * silu(gate), in one kernel)."""
 
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        packed = [m.weights.get("vulkan") for m in _members(node)]
-        if any(p is None for p in packed):
-            return False
-        if node.type == "GatedLinear":
-            gate, up = packed
-            return (gate.kind, gate.ic, gate.oc, gate.block_size) == (up.kind, up.ic, up.oc, up.block_size)
-        return True
+    def decline(cls, inputs, outputs, node):
+        for member in _members(node):
+            if "vulkan" not in member.weights:
+                raw = member.weights.get("weight")
+                if raw is not None and not packable(raw):
+                    return f"input width {raw.ic} is not a multiple of {GROUP}"
+                return "its weights were not packed for Vulkan"
+        if node.type == GATED_LINEAR:
+            gate, up = (m.weights["vulkan"] for m in _members(node))
+            if (gate.kind, gate.ic, gate.oc, gate.block_size) != (up.kind, up.ic, up.oc, up.block_size):
+                return "gate and up weights differ in kind or shape"
+        return None
 
     def onResize(self, inputs, outputs):
         backend = self.backend
         packed = [m.weights["vulkan"] for m in _members(self.node)]
         x = inputs[0].device
         n = inputs[0].size // packed[0].ic
-        if self.node.type == "GatedLinear":
+        if self.node.type == GATED_LINEAR:
             self.record(packed[0], x, backend.new_tensor(outputs[0]), n, outputs[0], up=packed[1])
             return
         for layer, out in zip(packed, outputs):

@@ -48,8 +48,10 @@ class VulkanStridedSlice(CopyExecution):
 
 class VulkanGather(CopyExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
-        return all(t.host is not None for t in inputs[1:])   # indices computed on the device: CPU backup
+    def decline(cls, inputs, outputs, node):
+        if all(t.host is not None for t in inputs[1:]):
+            return None
+        return "indices computed on the device"
 
     def onResize(self, inputs, outputs):
         self.record_index_map(inputs, outputs,

@@ -1,4 +1,4 @@
-"""The fused rotary embedding (runtime/fusion.py's "RoPE" node): one dispatch for the seven ops
+"""The fused rotary embedding (runtime/fusion.py's ROPE node): one dispatch for the seven ops
 of rotate-half. Where the pattern does not hold at resize (rope_split is None), or cos and sin
 are not rows of head_dim broadcast over x, the node is declined and runs on the CPU backup."""
 
@@ -7,18 +7,21 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import broadcast_strides, coalesce, contiguous_strides, padded
+from mnngpu.backends.vulkan.ops.layout import padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.runtime.fusion import rope_split
+from mnngpu.runtime.movement import broadcast_strides, coalesce, contiguous_strides
 
 
 class VulkanRoPE(VulkanExecution):
     @classmethod
-    def supports(cls, inputs, outputs, node):
+    def decline(cls, inputs, outputs, node):
         x, cos, sin = inputs[:3]
         rows_of_dim = all(t.shape and t.shape[-1] == x.shape[-1]
                           and tuple(np.broadcast_shapes(t.shape, x.shape)) == tuple(x.shape) for t in (cos, sin))
-        return rows_of_dim and rope_split(node, inputs) is not None
+        if not rows_of_dim:
+            return "cos and sin are not rows of x's last dimension"
+        return None if rope_split(node, inputs) is not None else "the slices are not a rotate-half"
 
     def onResize(self, inputs, outputs):
         x, cos, sin = inputs[:3]

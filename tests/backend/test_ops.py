@@ -1,0 +1,309 @@
+"""Every op, written once, on every backend kind this machine has (tests/backend/harness.py), against
+tests/reference.py or plain numpy. A case a backend declines by design names that backend in
+`declined_by`; the per-backend files keep only what is their own (kernel splits, recordings,
+graphs, drivers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mnngpu.backend import Node
+from mnngpu.format import params as P
+from mnngpu.format.quant import QuantizedLinear
+from mnngpu.runtime import fusion
+from tests import reference
+from tests.backend.harness import (
+    KINDS,
+    OneOp,
+    close,
+    conv_node,
+    fused_linear,
+    linear_reference,
+    make,
+    quantized_linear,
+    run,
+    stored,
+)
+
+# Backends without a kernel for an op family: the case then checks the decline and the CPU result.
+NO_INT_ELEMENTWISE = ("opencl", "cuda")
+NO_FUSED_LINEAR = ("opencl", "cuda")
+
+
+@pytest.fixture(params=list(KINDS))
+def backend(request):
+    return make(request.param)
+
+
+# ---- Convolution (linear) and its fused forms --------------------------------------------------------
+
+@pytest.mark.parametrize("bits, block", [(4, 32), (4, 64), (4, 16), (8, 48), (8, 192), (3, 32)])
+@pytest.mark.parametrize("rows", [1, 13])
+def test_quantized_linear(backend, bits, block, rows):
+    rng = np.random.default_rng(bits * 100 + block + rows)
+    weight, dense = quantized_linear(rng, oc=40, ic=192, bits=bits, block=block, bias=rows == 13)
+    x = stored(backend, rng.normal(0, 1, (rows, 192, 1, 1)))
+    got = run(backend, conv_node(weight), [x])
+    close(backend, got.reshape(rows, 40), linear_reference(x.reshape(rows, 192), dense, weight.bias))
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_float_linear(backend, rows):
+    rng = np.random.default_rng(rows)
+    w = rng.normal(0, 0.2, (24, 40)).astype(np.float32)
+    weight = QuantizedLinear(24, 40, 32, 40, False, np.zeros((24, 0), np.uint8), np.zeros((24, 0), np.float32),
+                             np.zeros((24, 0), np.float32), None, float_weight=w)
+    x = stored(backend, rng.normal(0, 1, (rows, 40, 1, 1)))
+    got = run(backend, conv_node(weight), [x])
+    close(backend, got.reshape(rows, 24), x.reshape(rows, 40).astype(np.float64) @ w.astype(np.float64).T)
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_linear_group_gives_each_members_output(backend, rows):
+    rng = np.random.default_rng(3 + rows)
+    layers = [quantized_linear(rng, oc, 128, 4, 64, bias=True) for oc in (96, 32, 30)]
+    x = stored(backend, rng.normal(0, 1, (rows, 128, 1, 1)))
+    node = fused_linear(fusion.LINEAR_GROUP, [w for w, _ in layers])
+    op = OneOp(backend, node, [x], declined_by=NO_FUSED_LINEAR)
+    for got, (weight, dense) in zip(op(x), layers, strict=True):
+        close(op.backend, got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias))
+
+
+@pytest.mark.parametrize("bits, block", [(4, 64), (8, 32)])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_gated_linear_is_up_times_silu_gate(backend, bits, block, rows):
+    rng = np.random.default_rng(5 + rows + bits)
+    (gate, gate_w), (up, up_w) = (quantized_linear(rng, 200, 128, bits, block, bias=True) for _ in range(2))
+    x = stored(backend, rng.normal(0, 1, (rows, 128, 1, 1)))
+    op = OneOp(backend, fused_linear(fusion.GATED_LINEAR, [gate, up]), [x], declined_by=NO_FUSED_LINEAR)
+    g = linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
+    u = linear_reference(x.reshape(rows, 128), up_w, up.bias)
+    # MUL_SILU's exp on the CPU is a vectorizable approximation (relative error below 5e-5)
+    close(op.backend, op(x)[0].reshape(rows, 200), reference.silu_mul(u, g), fp32=5e-5)
+
+
+# ---- LayerNorm ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rms, with_gamma, with_beta, shape, axes", [
+    (True, True, False, (1, 5, 96), 1),
+    (True, True, False, (1, 3, 4, 32), 1),      # qwen3's q/k norm over head_dim
+    (False, True, True, (2, 7, 130), 1),
+    (True, True, False, (3, 7), 1),
+    (True, False, False, (3, 4, 16), 2),
+])
+def test_layer_norm(backend, rms, with_gamma, with_beta, shape, axes):
+    rng = np.random.default_rng(len(shape) + axes)
+    x = stored(backend, rng.normal(0.5, 2, shape))
+    n = int(np.prod(shape[-axes:]))
+    gamma = rng.normal(1, 0.1, n).astype(np.float32) if with_gamma else None
+    beta = rng.normal(0, 0.1, n).astype(np.float32) if with_beta else None
+    param = P.LayerNorm(axis=list(range(-axes, 0)), epsilon=1e-5, useRMSNorm=rms)
+    got = run(backend, Node("LayerNorm", "norm", param, {"gamma": gamma, "beta": beta}), [x])
+    rows = x.reshape(-1, n)
+    if rms:
+        want = reference.rms_norm(rows, gamma if gamma is not None else np.ones(n), 1e-5)
+    else:
+        want = reference.layer_norm(rows, gamma, beta, 1e-5)
+    close(backend, got.reshape(-1, n), want)
+
+
+# ---- Attention --------------------------------------------------------------------------------------------
+
+def attention_node(scale: float = 0.0, output_c4: bool = False) -> Node:
+    return Node("Attention", "attn0", P.AttentionParam(layer_index=0, attnScale=scale, output_c4=output_c4))
+
+
+def attention_inputs(backend, rng, seq, heads, kv_heads, dim):
+    q = stored(backend, rng.normal(0, 1, (1, seq, heads, dim)))
+    k = stored(backend, rng.normal(0, 1, (1, seq, kv_heads, dim)))
+    v = stored(backend, rng.normal(0, 1, (seq, kv_heads * dim, 1, 1)))
+    return [q, k, v, np.zeros((1, 1, 1, 1), np.float32)]
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, scale, output_c4", [(4, 2, 32, 0.0, True), (2, 2, 16, 0.3, False),
+                                                                     (6, 1, 64, 0.0, False), (2, 1, 6, 0.0, True)])
+def test_attention_padded_prefill_then_decode(backend, heads, kv_heads, dim, scale, output_c4):
+    """A padded prefill (8 rows, 5 real) then two decode steps: the cache holds exactly the real
+    tokens, the padded rows are overwritten, and each row sees its causal past."""
+    rng = np.random.default_rng(heads * dim)
+    meta = backend.kv_meta
+    node = attention_node(scale, output_c4)
+    prefill_in = attention_inputs(backend, rng, 8, heads, kv_heads, dim)
+    prefill = OneOp(backend, node, prefill_in)
+    decode = OneOp(backend, node, attention_inputs(backend, rng, 1, heads, kv_heads, dim))
+    scale = scale or 1 / np.sqrt(dim)
+    meta.add = 5
+    got = prefill(*prefill_in)[0]
+    meta.sync()
+    keys, values = [prefill_in[1][0, :5]], [prefill_in[2].reshape(8, kv_heads, dim)[:5]]
+    want = reference.causal_attention(prefill_in[0][0], prefill_in[1][0], prefill_in[2].reshape(8, kv_heads, dim), 0,
+                                      scale)
+    assert got.shape == ((8, heads * dim, 1, 1) if output_c4 else (1, 8, heads * dim))
+    close(backend, got.reshape(8, heads, dim)[:5], want[:5])
+    for _ in range(2):
+        step = attention_inputs(backend, rng, 1, heads, kv_heads, dim)
+        meta.add = 1
+        got = decode(*step)[0]
+        meta.sync()
+        keys.append(step[1][0])
+        values.append(step[2].reshape(1, kv_heads, dim))
+        want = reference.causal_attention(step[0][0], np.concatenate(keys), np.concatenate(values),
+                                          meta.previous - 1, scale)
+        close(backend, got.reshape(1, heads, dim), want)
+
+
+def test_attention_reserve_keeps_spans(backend):
+    """KVMeta.reserve: of the 3 removed tokens only the middle one stays, moved behind the kept ones."""
+    rng = np.random.default_rng(3)
+    meta = backend.kv_meta
+    node = attention_node()
+    first = attention_inputs(backend, rng, 6, 2, 1, 16)
+    meta.add = 6
+    OneOp(backend, node, first)(*first)
+    meta.sync()
+    meta.remove, meta.reserve = 3, [(1, 1)]
+    step = attention_inputs(backend, rng, 1, 2, 1, 16)
+    meta.add = 1
+    got = OneOp(backend, node, step)(*step)[0]
+    kept = [0, 1, 2, 4]
+    keys = np.concatenate([first[1][0, kept], step[1][0]])
+    values = np.concatenate([first[2].reshape(6, 1, 16)[kept], step[2].reshape(1, 1, 16)])
+    close(backend, got.reshape(1, 2, 16), reference.causal_attention(step[0][0], keys, values, 4, 1 / 4))
+
+
+# ---- elementwise -------------------------------------------------------------------------------------------
+
+def positive_pair(backend, rng, shape_a, shape_b):
+    return stored(backend, rng.uniform(0.5, 3, shape_a)), stored(backend, rng.uniform(0.5, 3, shape_b))
+
+
+@pytest.mark.parametrize("op", sorted(reference.BINARY))
+def test_binary_broadcasts(backend, op):
+    rng = np.random.default_rng(len(op))
+    a, b = positive_pair(backend, rng, (2, 3, 4, 5), (3, 1, 5))
+    a[0, 0, 0, :2] = b[0, 0, :2]            # equal pairs for the comparisons
+    node = Node("BinaryOp", op, P.BinaryOp(opType=op))
+    fp32 = 5e-5 if op == "MUL_SILU" else 1e-5
+    close(backend, run(backend, node, [a, b]), reference.BINARY[op](a.astype(np.float64), b.astype(np.float64)), fp32)
+    close(backend, run(backend, node, [b, a]), reference.BINARY[op](b.astype(np.float64), a.astype(np.float64)), fp32)
+
+
+def test_binary_with_host_constant(backend):
+    """RoPE's positions x inv_freq: a device tensor times a constant uploaded once."""
+    positions = np.arange(7, dtype=np.float32).reshape(7, 1)
+    inv_freq = stored(backend, np.random.default_rng(1).uniform(0, 1, 16))
+    got = run(backend, Node("BinaryOp", "mul", P.BinaryOp(opType="MUL")), [positions, inv_freq], host=(1,))
+    close(backend, got, positions * inv_freq.astype(np.float64))
+
+
+@pytest.mark.parametrize("op, want", [
+    ("ADD", lambda a, b: a + b), ("SUB", lambda a, b: a - b), ("MUL", lambda a, b: a * b),
+    ("REALDIV", lambda a, b: np.trunc(a / b)), ("FLOORDIV", lambda a, b: np.floor(a / b)),
+    ("MOD", lambda a, b: a - np.floor(a / b) * b), ("MAXIMUM", np.maximum), ("MINIMUM", np.minimum),
+    ("LESS", lambda a, b: a < b), ("EQUAL", lambda a, b: a == b),
+])
+def test_int_binary(backend, op, want):
+    a = np.array([[-7, -3, 0, 4, 9, 13]], dtype=np.int32)
+    b = np.array([[2], [-3], [5]], dtype=np.int32)
+    got = run(backend, Node("BinaryOp", op, P.BinaryOp(opType=op)), [a, b], declined_by=NO_INT_ELEMENTWISE)
+    assert got.dtype == np.int32
+    assert np.array_equal(got, want(a.astype(np.float64), b.astype(np.float64)).astype(np.int32))
+
+
+UNARY_DOMAIN = {"ACOS": (-0.99, 0.99), "ASIN": (-0.99, 0.99), "LOG": (0.1, 5), "SQRT": (0.1, 5), "RSQRT": (0.1, 5),
+                "TAN": (-1.2, 1.2), "RECIPROCAL": (0.2, 4)}
+
+
+@pytest.mark.parametrize("op", sorted(reference.UNARY))
+def test_unary(backend, op):
+    low, high = UNARY_DOMAIN.get(op, (-4, 4))
+    x = np.random.default_rng(len(op)).uniform(low, high, (3, 50)).astype(np.float32)
+    x[0, :3] = [low, 0.5 * (low + high), 2.5 if op == "ROUND" else high]
+    if op == "ROUND":
+        x[1, :4] = [0.5, 1.5, -2.5, 2.4999]    # half to even, like numpy
+    x = stored(backend, x)
+    got = run(backend, Node("UnaryOp", op, P.UnaryOp(opType=op)), [x])
+    close(backend, got, reference.UNARY[op](x.astype(np.float64)), 5e-5 if op in ("SIGMOID", "SILU") else 1e-5)
+
+
+def test_cast(backend):
+    ints = np.array([[-3, 0, 7, 2**10]], dtype=np.int32)
+    got = run(backend, Node("Cast", "c", P.CastParam(dstT="DT_FLOAT")), [ints])
+    assert got.dtype == np.float32 and np.array_equal(got, ints.astype(np.float64))
+    floats = np.array([[-2.75, -0.25, 0.0, 3.875, 1000.5]], dtype=np.float32)
+    got = run(backend, Node("Cast", "c", P.CastParam(dstT="DT_INT32")), [floats])
+    assert got.dtype == np.int32 and np.array_equal(got, np.trunc(floats.astype(np.float64)))
+
+
+# ---- data movement ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("node, shape", [
+    (Node("Reshape", "r", P.Reshape(dims=[4, 6])), (4, 6)),
+    (Node("Squeeze", "s", P.SqueezeParam(squeezeDims=[0])), (2, 3, 4)),
+    (Node("Unsqueeze", "u", P.SqueezeParam(squeezeDims=[4])), (1, 2, 3, 4, 1)),
+    (Node("ConvertTensor", "c", None), (1, 2, 3, 4)),
+], ids=["reshape", "squeeze", "unsqueeze", "convert"])
+def test_views_keep_values(backend, node, shape):
+    x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
+    assert np.array_equal(run(backend, node, [x]), x.reshape(shape))
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps, index", [
+    ([0], [16], [-1], [1], np.s_[..., 0:16]),
+    ([16], [32], [3], [1], np.s_[:, :, :, 16:32]),
+    ([-1], [-1000], [1], [-2], np.s_[:, ::-2]),
+    ([1, 0], [3, 5], [1, 2], [1, 2], np.s_[:, 1:3, 0:5:2]),
+])
+def test_onnx_slice(backend, starts, ends, axes, steps, index):
+    x = stored(backend, np.random.default_rng(0).normal(size=(1, 5, 4, 32)))
+    arrays = [x, *(np.array(v, dtype=np.int32) for v in (starts, ends, axes, steps))]
+    node = Node("StridedSlice", "s", P.StridedSliceParam(fromType=1))
+    assert np.array_equal(run(backend, node, arrays, (1, 2, 3, 4)), x[index])
+
+
+@pytest.mark.parametrize("begin, end, strides, masks, index", [
+    ([0, -1, 0], [1, 0, 8], [1, 1, 1], {"shrinkAxisMask": 2, "beginMask": 1, "endMask": 1}, np.s_[:, -1, 0:8]),
+    ([0, 1], [0, 3], [1, 1], {"ellipsisMask": 1}, np.s_[..., 1:3]),
+    ([0, 0, 2], [0, 0, 6], [1, 1, 2], {"newAxisMask": 2, "beginMask": 1, "endMask": 1}, np.s_[:, None, 2:6:2]),
+])
+def test_tf_strided_slice(backend, begin, end, strides, masks, index):
+    x = stored(backend, np.random.default_rng(1).normal(size=(3, 4, 8)))
+    arrays = [x, *(np.array(v, dtype=np.int32) for v in (begin, end, strides))]
+    node = Node("StridedSlice", "s", P.StridedSliceParam(fromType=0, **masks))
+    assert np.array_equal(run(backend, node, arrays, (1, 2, 3)), x[index])
+
+
+@pytest.mark.parametrize("indices, axis, dtype", [(np.array(1), 0, np.float32), (np.array([2, 0, 3, 3]), 1, np.float32),
+                                                  (np.array([-1, 0]), 2, np.float32),
+                                                  (np.array([[0, 1], [1, 0]]), 0, np.int32)])
+def test_gather_with_host_indices(backend, indices, axis, dtype):
+    x = stored(backend, np.random.default_rng(2).normal(size=(2, 4, 3, 5)) * 10).astype(dtype)
+    arrays = [x, indices.astype(np.int32), np.array(axis, dtype=np.int32)]
+    got = run(backend, Node("GatherV2", "g", P.GatherV2()), arrays, (1, 2))
+    assert got.dtype == dtype and np.array_equal(got, np.take(x, indices % x.shape[axis], axis=axis))
+
+
+@pytest.mark.parametrize("axis, shapes_in, dtype", [(0, [(1, 3, 16), (2, 3, 16)], np.float32),
+                                                    (-1, [(2, 3, 16), (2, 3, 16), (2, 3, 4)], np.float32),
+                                                    (1, [(2, 1, 4), (2, 5, 4)], np.int32)])
+def test_concat(backend, axis, shapes_in, dtype):
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(-50, 50, s).astype(dtype) for s in shapes_in]
+    got = run(backend, Node("Concat", "c", P.Axis(axis=axis)), arrays)
+    assert got.dtype == dtype and np.array_equal(got, np.concatenate(arrays, axis=axis))
+
+
+# ---- the fused rotate-half ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("split, cos_shape", [(16, (1, 5, 1, 32)), (12, (5, 1, 32)), (16, (1, 5, 3, 32))])
+def test_fused_rope(backend, split, cos_shape):
+    rng = np.random.default_rng(13)
+    ops, constants = reference.rotate_half_graph(split, axis=3)
+    (fused,) = fusion.fuse(ops, {fusion.ROPE}, {17})
+    x = stored(backend, rng.normal(0, 1, (1, 5, 3, 32)))
+    cos, sin = (stored(backend, rng.normal(0, 1, cos_shape)) for _ in range(2))
+    arrays = [x, cos, sin, *(constants[i] for i in fused.inputs[3:])]
+    got = run(backend, fused.node, arrays, host=tuple(range(3, len(arrays))), declined_by=("cuda",))
+    rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
+    close(backend, got, x.astype(np.float64) * cos + rotated * sin)

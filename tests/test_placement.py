@@ -1,0 +1,133 @@
+"""Placement: an op a device backend declines runs on the CPU backup, matches, and is said out loud
+(the placement table, `inspect --backend`, the ready line); strict_device refuses it."""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+
+import numpy as np
+import pytest
+
+from mnngpu import llm as mnngpu_llm
+from mnngpu.backend import BackendConfig, Node, Tensor
+from mnngpu.cli import main
+from mnngpu.errors import BackendUnavailableError
+from mnngpu.format import params as P
+from mnngpu.format.quant import QuantizedLinear
+from mnngpu.progress import ready_line
+from mnngpu.runtime.graph import GraphOp
+from mnngpu.runtime.pipeline import Pipeline
+from mnngpu.runtime.placement import PlacementTable
+from tests import reference
+from tests.conftest import FIXTURES, backend_or_skip
+from tests.conftest import reference as fixture_reference
+
+MODEL = "qwen2_int4_b64"
+
+
+# ---- a width the Vulkan kernels do not take ---------------------------------------------------
+
+def narrow_linear(rng, oc: int, ic: int) -> tuple[QuantizedLinear, np.ndarray]:
+    levels, scales, zeros = reference.random_levels(rng, oc, ic, 8, ic)
+    weight = QuantizedLinear(oc, ic, 8, ic, False, levels, scales, zeros, None)
+    return weight, levels.astype(np.float64) * scales + zeros
+
+
+def loaded_node(backend, weight: QuantizedLinear) -> Node:
+    """A Convolution as static_module makes one: raw weights re-readable, packed by the main backend."""
+    common = P.Convolution2DCommon(inputCount=weight.ic, outputCount=weight.oc)
+    node = Node("Convolution", "fc12", P.Convolution2D(common=common), {"weight": weight},
+                source=partial(lambda w: {"weight": w}, weight))
+    backend.rearrange(node)
+    node.packed_for.add(backend.type)
+    return node
+
+
+def resize_one(backend, node, x: np.ndarray, strict: bool = False):
+    from mnngpu.backends.cpu import CPUBackend
+
+    backend.config.strict_device = strict
+    table = PlacementTable(backend.type)
+    cpu = CPUBackend(BackendConfig(precision="high", thread_num=1), backend.kv_meta)
+    pipeline = Pipeline([GraphOp(node, [0], [1])], backend, cpu, table)
+    tensors = [Tensor(x.shape, x.dtype, "x"), None]
+    pipeline.bind_input(tensors[0])
+    pipeline.resize(tensors)
+    return pipeline, tensors, table
+
+
+def test_vulkan_declines_a_width_not_a_multiple_of_8_and_the_cpu_runs_it():
+    backend = backend_or_skip("vulkan")
+    rng = np.random.default_rng(12)
+    weight, dense = narrow_linear(rng, oc=16, ic=12)
+    node = loaded_node(backend, weight)
+    x = rng.normal(0, 1, (3, 12, 1, 1)).astype(np.float32)
+    pipeline, tensors, table = resize_one(backend, node, x)
+    backend.upload(tensors[0], x)
+    pipeline.run()
+    holder = pipeline.backend_of(tensors[1])
+    assert holder.type == "cpu"
+    reference.assert_close(holder.download(tensors[1]).reshape(3, 16), x.reshape(3, 12).astype(np.float64) @ dense.T,
+                           1e-5)
+    (fallback,) = table.fallbacks
+    assert fallback.node == "fc12" and "input width 12 is not a multiple of 8" in fallback.reason
+
+
+def test_strict_device_refuses_the_fallback():
+    backend = backend_or_skip("vulkan")
+    weight, _ = narrow_linear(np.random.default_rng(1), oc=8, ic=12)
+    x = np.zeros((1, 12, 1, 1), dtype=np.float32)
+    with pytest.raises(BackendUnavailableError, match=r"strict_device.*fc12.*multiple of 8"):
+        resize_one(backend, loaded_node(backend, weight), x, strict=True)
+
+
+# ---- an op removed from a backend's table, on a fixture model ---------------------------------
+
+@pytest.fixture(params=["vulkan", "opencl"])
+def without_convolution(request, monkeypatch):
+    """The backend's op table without Convolution (the fused linear forms stay)."""
+    backend = backend_or_skip(request.param)
+    table = {op: cls for op, cls in type(backend).executions.items() if op != "Convolution"}
+    monkeypatch.setattr(type(backend), "executions", table)
+    return request.param
+
+
+def load(backend_type: str, **overrides):
+    model = mnngpu_llm.create(FIXTURES / MODEL)
+    model.set_config({"backend_type": backend_type, "precision": "high", "thread_num": 2, **overrides})
+    model.load()
+    return model
+
+
+def test_removed_op_falls_back_matches_and_is_reported(without_convolution):
+    model = load(without_convolution)
+    fallbacks = model.placement().fallbacks
+    assert fallbacks and {p.op_type for p in fallbacks} == {"Convolution"}
+    assert all(p.reason == f"Convolution is not in the {without_convolution} op table" for p in fallbacks)
+    ref, first_logits = fixture_reference(MODEL)
+    prompt = ref["prompts"][0]
+    logits = np.asarray(model.forward(prompt["ids"]))[0, -1]
+    assert np.abs(logits - first_logits[0]).max() <= 1e-3 * first_logits[0].std()
+    line = ready_line(model, 0.1)
+    assert f"on {without_convolution} on " in line and f", {len(fallbacks)} ops fell back to the CPU" in line
+
+
+def test_inspect_backend_prints_the_fallbacks(without_convolution, capsys):
+    assert main(["inspect", str(FIXTURES / MODEL), "--backend", without_convolution]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^device: {without_convolution} on .+ \((CPU|GPU)\)$", out, re.MULTILINE)
+    assert re.search(r"placement on \w+: .*; [1-9]\d* fell back to the CPU", out)
+    assert re.search(rf"lm_head\S*\s+Convolution\s+cpu\s+\(declined: Convolution is not in the "
+                     rf"{without_convolution} op table\)", out)
+
+
+def test_strict_device_refuses_the_removed_op_at_load(without_convolution):
+    with pytest.raises(BackendUnavailableError, match="strict_device=true: op .* \\(Convolution\\) would fall back"):
+        load(without_convolution, strict_device=True)
+
+
+def test_no_fallback_on_the_full_tables():
+    model = load("cpu")
+    assert not model.placement().fallbacks
+    assert "fell back" not in ready_line(model, 0.1)
