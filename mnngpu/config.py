@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mnngpu.backend import REGISTRY
+from mnngpu.config_keys import KEYS, REJECTED, WARNED
 from mnngpu.errors import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -139,38 +140,8 @@ DEFAULTS: dict[str, Any] = {
     "eagle_topk": 1,
 }
 
-# Keys MNN reads without a default worth repeating here (or only for multimodal, speech and
-# draft models mnngpu does not run); knowing them keeps a real export free of warnings.
-_OTHER_MNN_KEYS = frozenset({
-    # structure and sampler fallbacks
-    "base_dir", "jinja", "mllm", "tie_embeddings", "chunk_limits", "topK", "topP", "minP", "tfsZ",
-    "penalty",
-    # per-layer embeddings
-    "ple_embed_file", "ple_embed_scale", "ple_embed_dim", "ple_quant", "load_disk_embedding_only",
-    "is_embedding",
-    # vision and audio
-    "visual_model", "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
-    "asr_language", "asr_use_audio_template", "vision_type", "vision_start", "vision_end", "image_pad",
-    "video_pad", "image_size", "image_size_unit", "image_max_size", "image_mean", "image_norm",
-    "image_min_pixels", "image_max_pixels", "global_image", "patch_size", "num_grid_per_side", "scale_emb",
-    "video_fps", "video_max_frames", "video_max_pixels", "video_max_vision_tokens", "vision_slice_start_id",
-    "vision_slice_end_id", "vision_id_start_id", "vision_id_end_id", "hunyuan_patch_size",
-    "hunyuan_spatial_merge_size", "hunyuan_temporal_patch_size", "sliding_attn_layers",
-    # speech (talker)
-    "talker_model", "talker_weight", "talker_embedding_file", "talker_text_embedding_file",
-    "talker_text_hidden_size", "talker_type", "talker_max_new_tokens", "talker_speaker", "tts_bos_token_id",
-    "tts_eos_token_id", "tts_pad_token_id", "code_predictor_model", "code_predictor_weight",
-    "code_predictor_embedding_file", "code_predictor_vocab_size", "code_predictor_groups",
-    "speech_decoder_model", "speech_decoder_weight", "speech_decoder_upsample_rate",
-    "speaker_encoder_model", "speaker_encoder_weight", "speaker_encoder_sample_rate",
-    "prompt_embedder_model", "prompt_embedder_weight", "codec_embedder_model", "codec_embedder_weight",
-    "predit_model", "dit_model", "bigvgan_model", "spk_dict", "interleaved", "dit_steps", "dit_solver",
-    # dflash drafts
-    "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
-    "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input",
-})
-
-KNOWN_KEYS: frozenset[str] = frozenset(DEFAULTS) | _OTHER_MNN_KEYS
+# Every key MNN reads, with what mnngpu does with it (implemented, warned, rejected, inert).
+KNOWN_KEYS: frozenset[str] = frozenset(KEYS)
 
 
 class ConfigWarning(UserWarning):
@@ -345,7 +316,7 @@ class LlmConfig:
         self._base_dir = base_dir
         self._config_path = config_path
         self._origins: dict[str, str] = {}  # dotted key -> the file that set its current value
-        self._warned: set[str] = set()  # unknown keys already reported
+        self._warned: set[str] = set()  # keys already warned about
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -459,12 +430,30 @@ class LlmConfig:
                 self._validate_jinja(value)
                 continue
             rule = _rule_for(key)
-            if rule is None and key not in self._warned:
-                self._warned.add(key)
-                warnings.warn(f"{self._origin(key)}: {key}: not a key MNN reads; ignored (a typo?)",
-                              ConfigWarning, stacklevel=3)
+            if rule is None and key not in KNOWN_KEYS:
+                self._warn_once(key, "not a key MNN reads; ignored (a typo?)")
             elif rule is not None and not rule[1](value):
                 self._fail(key, rule[0], value)
+            self._check_support(key, value)
+
+    def _check_support(self, key: str, value: Any) -> None:
+        """Reject a value that would change the math in a way mnngpu does not compute; warn once
+        about a speed- or memory-only value mnngpu does not act on (config_keys.KEYS)."""
+        entry = KEYS.get(key)
+        if entry is None:
+            return
+        if entry.status == REJECTED and not entry.supported(value):
+            if key == "quant_qkv" and "attention_mode" in self._raw:
+                return  # MNN reads quant_qkv only when attention_mode is unset
+            raise ConfigError(f"{_shown(value)} is not supported by mnngpu ({entry.note}); "
+                              f"supported: {entry.supported_text}", path=self._origin(key), field=key)
+        if entry.status == WARNED and value != DEFAULTS.get(key):
+            self._warn_once(key, f"{_shown(value)} has no effect in mnngpu: {entry.note}")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"{self._origin(key)}: {key}: {message}", ConfigWarning, stacklevel=4)
 
     def _validate_jinja(self, jinja: Any) -> None:
         if not isinstance(jinja, dict):

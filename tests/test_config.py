@@ -184,9 +184,9 @@ def test_mnn_defaults(tmp_path: Path) -> None:
 
 
 def test_quant_qkv_is_the_fallback_for_attention_mode(tmp_path: Path) -> None:
-    assert load_quietly(make_model(tmp_path / "a", {"quant_qkv": 9}, {})).attention_mode == 9
-    both = make_model(tmp_path / "b", {"quant_qkv": 9, "attention_mode": 10}, {})
-    assert load_quietly(both).attention_mode == 10
+    assert load_quietly(make_model(tmp_path / "a", {"quant_qkv": 0}, {})).attention_mode == 0
+    both = make_model(tmp_path / "b", {"quant_qkv": 0, "attention_mode": 16}, {})
+    assert load_quietly(both).attention_mode == 16
 
 
 def test_tie_embeddings_object_form(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ class RuntimeManager:
     def from_config(cls, config) -> "RuntimeManager":
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens)
-        return cls(ScheduleConfig(config.backend_type, backend))
+        manager = cls(ScheduleConfig(config.backend_type, backend))
+        manager.kv_meta.attn_scale = config.attn_scale or 0.0
+        return manager
 
     @property
     def fixed_shape(self) -> bool:

@@ -231,6 +231,22 @@ def test_attention_prefill_longer_than_a_query_block():
     close(got.reshape(seq, heads, dim), want, 1e-5)
 
 
+@pytest.mark.parametrize("op_scale, config_scale, want_scale", [(0.0, 0.3, 0.3), (0.7, 0.3, 0.7), (0.0, 0.0, None)])
+def test_attention_scale_is_the_ops_then_the_configs(op_scale, config_scale, want_scale):
+    rng = np.random.default_rng(10)
+    seq, heads, kv_heads, dim = 5, 2, 1, 8
+    q = rng.normal(0, 1, (1, seq, heads, dim)).astype(np.float32)
+    k = rng.normal(0, 1, (1, seq, kv_heads, dim)).astype(np.float32)
+    v = rng.normal(0, 1, (seq, kv_heads * dim, 1, 1)).astype(np.float32)
+    backend = make_backend()
+    backend.kv_meta.add, backend.kv_meta.attn_scale = seq, config_scale
+    node = Node("Attention", "attn", P.AttentionParam(layer_index=0, output_c4=True, attnScale=op_scale))
+    got = run(backend, node, [q, k, v, np.zeros((1, 1, 1, 1), np.float32)])
+    scale = want_scale if want_scale is not None else 1 / np.sqrt(dim)
+    want = reference.causal_attention(q[0], k[0], v.reshape(seq, kv_heads, dim), 0, scale)
+    close(got.reshape(seq, heads, dim), want, 1e-5)
+
+
 @pytest.mark.parametrize("op, a_shape, b_shape", [("ADD", (2, 3, 4), (2, 3, 4)), ("MUL", (1, 3, 5, 4), (1, 3, 1, 4)),
                                                   ("SUB", (4, 1), (1, 5)), ("REALDIV", (3, 4), (4,)),
                                                   ("MUL_SILU", (2, 6), (2, 6)), ("MAXIMUM", (3, 4), (3, 4))])

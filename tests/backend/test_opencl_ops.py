@@ -191,17 +191,18 @@ class AttentionModule:
         return self.backend.download(self.outputs[0]).reshape(seq, heads, dim)
 
 
-@pytest.mark.parametrize("dim,output_c4", [(16, True), (8, False), (6, True)])
-def test_attention_padded_prefill_then_decode(backend, dim, output_c4):
+@pytest.mark.parametrize("dim,output_c4,config_scale", [(16, True, 0.0), (8, False, 0.0), (6, True, 0.0), (8, False, 0.6)])
+def test_attention_padded_prefill_then_decode(backend, dim, output_c4, config_scale):
     heads, kv_heads, real, padded = 4, 2, 5, 8
     meta = backend.kv_meta
+    meta.attn_scale = config_scale  # the config's attn_scale: the op records none
     prefill = AttentionModule(backend, padded, heads, kv_heads, dim, output_c4)
     decode = AttentionModule(backend, 1, heads, kv_heads, dim, output_c4)
     total = real + 3
     q = halfable(rng.standard_normal((total, heads, dim)))
     k = halfable(rng.standard_normal((total, kv_heads, dim)))
     v = halfable(rng.standard_normal((total, kv_heads, dim)))
-    scale = 1.0 / np.sqrt(dim)
+    scale = config_scale or 1.0 / np.sqrt(dim)
 
     pad = np.zeros((padded - real, 1, 1), np.float32)
     meta.add = real

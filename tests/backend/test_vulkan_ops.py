@@ -224,21 +224,24 @@ def attention_inputs(rng, seq, heads, kv_heads, dim):
 
 @pytest.mark.parametrize("variant", ["cpu", "gpu"])
 @pytest.mark.parametrize("precision, rtol", [("high", 1e-5), ("low", 3e-3)])
-@pytest.mark.parametrize("heads, kv_heads, dim, scale, output_c4", [(4, 2, 32, 0.0, True), (2, 2, 16, 0.3, False),
-                                                                     (6, 1, 64, 0.0, False), (2, 1, 18, 0.0, False)])
-def test_attention_prefill_then_decode(vulkan, variant, precision, rtol, heads, kv_heads, dim, scale, output_c4):
+@pytest.mark.parametrize("heads, kv_heads, dim, scale, config_scale, output_c4",
+                         [(4, 2, 32, 0.0, 0.0, True), (2, 2, 16, 0.3, 0.5, False), (6, 1, 64, 0.0, 0.0, False),
+                          (2, 1, 18, 0.0, 0.0, False), (2, 2, 16, 0.0, 0.45, False)])
+def test_attention_prefill_then_decode(vulkan, variant, precision, rtol, heads, kv_heads, dim, scale, config_scale,
+                                       output_c4):
     """A padded prefill (8 rows, 5 real) then two decode steps: the cache holds exactly the real
     tokens, the padded rows are overwritten, and each row sees its causal past. Both kernel
     families (head_dim 18 takes the workgroup kernel in either)."""
     rng = np.random.default_rng(heads * dim)
     backend = make_backend(vulkan, precision, variant=variant)
     meta = backend.kv_meta
+    meta.attn_scale = config_scale  # the config's attn_scale, used where the op records none
     node = attention_node(scale=scale, output_c4=output_c4)
     prefill_in = attention_inputs(rng, 8, heads, kv_heads, dim)
     prefill = OneOp(backend, node, prefill_in)
     decode_in = attention_inputs(rng, 1, heads, kv_heads, dim)
     decode = OneOp(backend, node, decode_in)
-    scale = scale or 1 / np.sqrt(dim)
+    scale = scale or config_scale or 1 / np.sqrt(dim)
     keys, values = [], []
     meta.add = 5
     got = prefill(*prefill_in)

@@ -15,6 +15,7 @@ import numpy as np
 
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
+from mnngpu.runtime.kv import attention_scale
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -131,7 +132,7 @@ class CPUAttention(CPUExecution):
     def prepare(self, inputs, outputs):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.kv_heads = inputs[1].shape[2]
-        self.scale = np.float32(self.node.param.attnScale or 1.0 / np.sqrt(self.dim))
+        self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
 
     def bind(self):
         seq, kvh, dim = self.seq, self.kv_heads, self.dim
