@@ -5,9 +5,10 @@ The load order follows MNN's engine:
 1. `config.json` (runtime settings). `base_dir` is its folder unless it sets `base_dir`.
 2. `llm_config.json` (the model's facts), found at `base_dir / config["llm_config"]`,
    deep-merged on top: **llm_config.json wins** where both set a key.
-3. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
-   `jinja.context`.
-4. `set_config(overrides)`, deep-merged last.
+3. `set_config(overrides)`, deep-merged on top.
+4. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
+   `jinja.context` by `merge_context_file()`, which `Llm.load()` calls, as MNN's `Llm::load`
+   does: its keys win over a `set_config` made before the load.
 
 Every value is checked after loading and after each `set_config`; a bad one raises
 ConfigError naming the file that set it, the key and what was expected. Keys MNN never
@@ -331,7 +332,6 @@ class LlmConfig:
         cfg = cls(config, cls._resolve_base_dir(config, config_path), config_path)
         cfg._record_origins(config, os.fspath(config_path))
         cfg._merge_llm_config()
-        cfg._merge_context_file()
         cfg.validate()
         return cfg
 
@@ -343,7 +343,6 @@ class LlmConfig:
         config = {"llm_model": model_path.name, "llm_weight": model_path.name + ".weight"}
         cfg = cls(config, model_path.parent.resolve())
         cfg._merge_llm_config()
-        cfg._merge_context_file()
         cfg.validate()
         return cfg
 
@@ -366,10 +365,13 @@ class LlmConfig:
             return
         self._merge(_read_object(llm_config_path), os.fspath(llm_config_path))
 
-    def _merge_context_file(self) -> None:
+    def merge_context_file(self) -> None:
+        """Deep-merge context.json (context_file), if present, into jinja.context: Llm.load()
+        does it, after any set_config, as MNN's does."""
         context_path = self._base_dir / self._string("context_file")
         if context_path.is_file():
             self._merge({"jinja": {"context": _read_object(context_path)}}, os.fspath(context_path))
+            self.validate()
 
     def _merge(self, override: dict[str, Any], source: str) -> None:
         self._raw = deep_merge(self._raw, override)

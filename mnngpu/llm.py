@@ -12,22 +12,46 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnngpu.config import LlmConfig
+from mnngpu.config import ConfigWarning, LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.schedule import RuntimeManager
+from mnngpu.sampler import Sampler
+from mnngpu.tokenizer import load_tokenizer
 from mnngpu.validate import validate_model
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
     return [ids[i: i + size] for i in range(0, len(ids), size)]
+
+
+# Keys read only while load() builds the runtime, the graph and the embedding.
+LOAD_TIME_KEYS = frozenset({
+    "backend_type", "thread_num", "precision", "power", "memory", "use_mmap", "kvcache_mmap", "tmp_path",
+    "attention_mode", "quant_qkv", "attn_scale", "llm_model", "llm_weight", "tokenizer_file", "embedding_file",
+    "context_file", "hidden_size", "layer_nums", "tie_embeddings", "prefix_cache_path",
+})
+
+
+def _parse_overrides(text: str) -> dict:
+    from mnngpu.config import SET_CONFIG, _parse_object
+
+    return _parse_object(text, SET_CONFIG)
+
+
+def _warn_load_time_keys(overrides: dict) -> None:
+    late = sorted(LOAD_TIME_KEYS & set(overrides))
+    if late:
+        warnings.warn(f"set_config(): {', '.join(late)}: set after load(); takes effect at the next load()",
+                      ConfigWarning, stacklevel=3)
 
 
 class Logits(np.ndarray):
@@ -63,7 +87,16 @@ class Llm:
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
+        """Merge overrides into the config. After load() they reach the chat template
+        (system_prompt, use_template, jinja) and the sampler; a key only load() reads takes
+        effect at the next load(), and says so."""
+        if isinstance(overrides, str):
+            overrides = _parse_overrides(overrides)
         self.config.set_config(overrides)
+        if self._loaded:
+            self._prompt = None
+            self.sampler = Sampler(self.config.raw)
+            _warn_load_time_keys(overrides)
         return True
 
     def load(self, progress=None) -> None:
@@ -71,13 +104,13 @@ class Llm:
         report = progress or (lambda stage, done, total: None)
         start = time.perf_counter()
         cfg = self.config
+        self._tokenizer = load_tokenizer(cfg.base_dir, cfg.tokenizer_file)  # first, as in MNN: fail early
+        cfg.merge_context_file()
         self.runtime = RuntimeManager.from_config(cfg)
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
-        from mnngpu.sampler import Sampler
-
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
@@ -90,10 +123,8 @@ class Llm:
 
     @property
     def tokenizer(self):
-        """Loaded on first use, so a folder whose tokenizer is unreadable can still forward ids."""
+        """Loaded by load(); before it, on first use."""
         if self._tokenizer is None:
-            from mnngpu.tokenizer import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.config.base_dir, self.config.tokenizer_file)
         return self._tokenizer
 
