@@ -136,6 +136,18 @@ class Backend(ABC):
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
 
+    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
+    # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
+    kv_transfer: bool = False
+
+    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each layer's first `length` keys and values: float32 (kv_heads, length, head_dim) each."""
+        raise NotImplementedError(f"the {self.type} backend cannot read its KV cache back")
+
+    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
+        raise NotImplementedError(f"the {self.type} backend cannot write its KV cache")
+
 
 # backend_type -> (module, class name). The module is imported only when asked for, so a
 # missing driver package only matters to the user who picks that backend.

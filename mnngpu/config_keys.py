@@ -107,7 +107,8 @@ KEYS: dict[str, Key] = {
     "mmap_size": _warned("MNN's mmap file block size"),
     "kvcache_mmap": _warned("the KV cache stays in memory"),
     "tmp_path": _warned("nothing is written to it"),
-    "prefix_cache_path": _warned("no prefix cache"),
+    "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
+                               "prompt with the same start (cpu backend; another is a ConfigError)"),
     "attention_mode": _rejected("KV cache quantization (attention_mode % 8) is not implemented; flash "
                                 "attention (attention_mode / 8) changes only speed", _quant_mode_none,
                                 "a multiple of 8 (no KV quantization)"),

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mnngpu.backend import backend_class
 from mnngpu.config import ConfigWarning, LlmConfig
 from mnngpu.embedding import DiskEmbedding
-from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
+from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
+from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
@@ -45,6 +47,16 @@ def _parse_overrides(text: str) -> dict:
     from mnngpu.config import SET_CONFIG, _parse_object
 
     return _parse_object(text, SET_CONFIG)
+
+
+def _open_prefix_cache(cfg: LlmConfig) -> PrefixCache | None:
+    directory = cache_directory(cfg)
+    if directory is None:
+        return None
+    if not backend_class(cfg.backend_type).kv_transfer:
+        raise ConfigError(f"the prefix cache is not implemented on the {cfg.backend_type} backend",
+                          path=cfg.origin("prefix_cache_path"), field="prefix_cache_path")
+    return PrefixCache(directory, lambda: model_key(cfg))
 
 
 def _warn_load_time_keys(overrides: dict) -> None:
@@ -71,6 +83,7 @@ class LlmContext:
     prefill_us: int = 0
     decode_us: int = 0
     load_us: int = 0
+    prefix_cached: int = 0   # tokens of the last prompt read from the prefix cache instead of prefilled
 
 
 def create(config_path: str | os.PathLike) -> "Llm":
@@ -84,6 +97,7 @@ class Llm:
         self.context = LlmContext()
         self._loaded = False
         self._tokenizer = None
+        self.prefix_cache: PrefixCache | None = None
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
@@ -107,6 +121,7 @@ class Llm:
         self._tokenizer = load_tokenizer(cfg.base_dir, cfg.tokenizer_file)  # first, as in MNN: fail early
         cfg.merge_context_file()
         self.runtime = RuntimeManager.from_config(cfg)
+        self.prefix_cache = _open_prefix_cache(cfg)
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
@@ -220,6 +235,43 @@ class Llm:
         self.context.all_seq_len = self.runtime.kv_meta.previous
         return np.ascontiguousarray(logits[None]).view(Logits)
 
+    # ---- the prefix cache (prefix_cache_path) -------------------------------------------------
+    def cache_prefix(self, ids) -> int:
+        """Put the keys and values of `ids`, a prompt's reusable start (a system prompt, a
+        document), into the empty KV cache: read from prefix_cache_path when stored there, else
+        prefilled and stored. Returns how many tokens were read from disk (0 or len(ids)).
+        generate() then prefills only what follows; it also finds a stored prefix by itself."""
+        self._require_loaded()
+        ids = self._check_ids(ids)
+        if self.prefix_cache is None:
+            raise ConfigError("not set: the prefix cache needs a folder", field="prefix_cache_path")
+        if self.runtime.kv_meta.kept:
+            raise InputError("cache_prefix needs an empty KV cache: call reset() first", field="input_ids")
+        if self.prefix_cache.path_for(ids).is_file():
+            self._restore_prefix(ids)
+            return len(ids)
+        self.forward(ids)
+        self.prefix_cache.save(ids, self.runtime.backend().read_kv(len(ids)))
+        return 0
+
+    def _reuse_stored_prefix(self, ids: list[int]) -> int:
+        """With an empty KV cache, load the longest stored prefix of `ids`; how many tokens it held."""
+        if self.prefix_cache is None or self.runtime.kv_meta.kept:
+            return 0
+        stored = self.prefix_cache.longest_prefix(ids)
+        if stored is None:
+            return 0
+        self._restore_prefix(stored)
+        return len(stored)
+
+    def _restore_prefix(self, ids: list[int]) -> None:
+        layers = self.prefix_cache.load(ids, self.config.layer_nums)
+        self.runtime.backend().write_kv(layers)
+        meta = self.runtime.kv_meta
+        meta.previous, meta.remove, meta.reserve = len(ids), 0, []
+        self.context.history_tokens.extend(ids)
+        self.context.all_seq_len = len(ids)
+
     # ---- generation --------------------------------------------------------------------------
     def _last_logits(self, ids: list[int]) -> np.ndarray:
         logits = np.asarray(self.forward(ids))[0, -1]
@@ -240,6 +292,7 @@ class Llm:
             raise InputError(f"expected a non-negative integer, got {limit!r}", field="max_new_tokens")
         prompt_ids = self._check_ids(ids)
         history = list(self.context.history_tokens) + prompt_ids
+        reused = self._reuse_stored_prefix(prompt_ids)
         timing = {"prefill": True, "t": time.perf_counter()}
         ctx = self.context
 
@@ -269,8 +322,9 @@ class Llm:
             return stop or not self._room_left()  # like MNN, a reply ends at max_all_tokens
 
         ctx.prompt_len = len(prompt_ids)
+        ctx.prefix_cached = reused
         ctx.gen_seq_len = 0
-        out = ar.generate(forward, sample, is_stop, prompt_ids, int(limit), on_new_token)
+        out = ar.generate(forward, sample, is_stop, prompt_ids[reused:], int(limit), on_new_token)
         if out and not ended_on_stop_id and self._room_left():
             forward([out[-1]])  # as in MNN, every emitted token enters the KV cache; only a stop id does not
         ctx.gen_seq_len = len(out)

@@ -36,7 +36,7 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.execution import ViewExecution  # noqa: E402
-from mnngpu.backends.cpu.ops.attention import CPUAttention  # noqa: E402
+from mnngpu.backends.cpu.ops.attention import CPUAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution, UnaryExecution  # noqa: E402
 from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
@@ -116,6 +116,18 @@ class CPUBackend(Backend):
         if buffer is None or buffer.size < size:
             buffer = self._scratch[key] = np.empty(size, dtype=np.float32)
         return buffer[:size].reshape(shape)
+
+    # ---- the prefix cache ----------------------------------------------------------------------
+    kv_transfer = True
+
+    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
+
+    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        self.kv_caches = {}
+        for layer, (keys, values) in layers.items():
+            cache = self.kv_caches[layer] = KVCache(keys.shape[0], keys.shape[2])
+            cache.write(keys, values)
 
     def parallel(self, fn, count: int) -> None:
         """fn(0..count-1) spread over the backend's threads (prefill tiles)."""

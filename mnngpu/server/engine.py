@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from mnngpu.chat import PromptCache, generate_reply
+from mnngpu.chat import PromptCache, generate_reply, system_prefix
 from mnngpu.errors import MnnGpuError
 from mnngpu.sampler import Sampler
 from mnngpu.server.protocol import ApiError, GenerationRequest, Usage, sampler_overrides
@@ -117,7 +117,8 @@ class ServedModel:
         self.llm.sampler = job.sampler
         self._running = job
         try:
-            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text)
+            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
+                                   system_prefix(self.llm, job.request.messages))
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             raise ApiError(400, str(exc), param=exc.field, code=code) from None

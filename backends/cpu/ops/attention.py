@@ -41,6 +41,17 @@ class KVCache:
             grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
 
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the first `length` keys and values."""
+        return self.k[:, :length].copy(), self.v[:, :length].copy()
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values, (kv_heads, length, head_dim) each."""
+        length = keys.shape[1]
+        self.ensure(length)
+        self.k[:, :length] = keys
+        self.v[:, :length] = values
+
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end."""
         for begin, length in reserve:
