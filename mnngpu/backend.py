@@ -68,6 +68,9 @@ class BackendConfig:
     memory: str = "low"
     thread_num: int = 4
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
+    tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files
+    kvcache_mmap: bool = False  # the KV cache in files under tmp_path
+    use_mmap: bool = False      # the weights a backend converts at load in files under tmp_path
 
     @property
     def fp32(self) -> bool:

@@ -496,6 +496,21 @@ class LlmConfig:
         """The merged value of key, or MNN's default for it."""
         return copy.deepcopy(self._raw.get(key, DEFAULTS.get(key)))
 
+    def writable_folder(self, key: str, needed_by: str) -> Path:
+        """The folder `key` names (taken from the working directory, as MNN does), for files
+        `needed_by` writes; a ConfigError when it is unset or inside the model folder, since
+        nothing is ever written there."""
+        value = self.value(key)
+        if not value:
+            raise ConfigError(f"{needed_by} needs a folder for its files; set {key}", path=self._origin(key),
+                              field=key)
+        folder = Path(value).resolve()
+        base = self._base_dir.resolve()
+        if folder == base or base in folder.parents:
+            raise ConfigError(f"{folder} is inside the model folder, which mnngpu never writes to; choose "
+                              "another folder", path=self._origin(key), field=key)
+        return folder
+
     def _file(self, key: str) -> Path:
         return self._base_dir / self._raw.get(key, DEFAULTS[key])
 

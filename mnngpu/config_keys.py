@@ -102,11 +102,13 @@ KEYS: dict[str, Key] = {
     "power": _warned("MNN's CPU core selection (speed only)"),
     "memory": _warned("MNN's weight and activation storage choice (memory and speed)"),
     "dynamic_option": _warned("MNN's CPU activation quantization granularity; mnngpu's follows precision"),
-    "use_mmap": _warned("weights are always memory-mapped from llm.mnn.weight"),
+    "use_mmap": _done("cpu: the weights packing converts (not views of the mapped llm.mnn.weight) go to files "
+                      "under tmp_path; other backends: one warning (weights in device memory)"),
     "use_cached_mmap": _warned("MNN's cache of rearranged weights on disk"),
     "mmap_size": _warned("MNN's mmap file block size"),
-    "kvcache_mmap": _warned("the KV cache stays in memory"),
-    "tmp_path": _warned("nothing is written to it"),
+    "kvcache_mmap": _done("cpu: the KV cache lives in files under tmp_path; other backends: one warning "
+                          "(KV cache in device memory)"),
+    "tmp_path": _done("the folder kvcache_mmap and use_mmap write to; never inside the model folder"),
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
                                "prompt with the same start (cpu backend; another is a ConfigError)"),
     "attention_mode": _rejected("KV cache quantization (attention_mode % 8) is not implemented; flash "

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnngpu.errors import CacheFileError, ConfigError
+from mnngpu.errors import CacheFileError
 
 MAGIC = b"MNNGPUKV"
 VERSION = 1
@@ -68,16 +68,10 @@ def _ids_digest(ids: list[int]) -> str:
 
 
 def cache_directory(config) -> Path | None:
-    """prefix_cache_path when a config file or set_config sets it (taken from the working
-    directory, as MNN does); None otherwise. It may not lie inside the model folder."""
+    """prefix_cache_path when a config file or set_config sets it; None otherwise."""
     if config.origin("prefix_cache_path") is None:
         return None
-    directory = Path(config.prefix_cache_path).resolve()
-    base = config.base_dir.resolve()
-    if directory == base or base in directory.parents:
-        raise ConfigError(f"{directory} is inside the model folder; mnngpu never writes there: choose "
-                          "another folder", path=config.origin("prefix_cache_path"), field="prefix_cache_path")
-    return directory
+    return config.writable_folder("prefix_cache_path", "the prefix cache")
 
 
 class PrefixCache:

@@ -23,12 +23,18 @@ QUERY_BLOCK = 128   # query positions per prefill score tile
 KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
 
 
-class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half."""
+def _zeros(shape: tuple[int, ...]) -> np.ndarray:
+    return np.zeros(shape, dtype=np.float32)
 
-    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP):
-        self.k = np.zeros((kv_heads, capacity, head_dim), dtype=np.float32)
-        self.v = np.zeros_like(self.k)
+
+class KVCache:
+    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half.
+    `zeros(shape)` makes each array (in a file under tmp_path with kvcache_mmap)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP, zeros=_zeros):
+        self.zeros = zeros
+        self.k = zeros((kv_heads, capacity, head_dim))
+        self.v = zeros((kv_heads, capacity, head_dim))
 
     def ensure(self, length: int) -> None:
         capacity = self.k.shape[1]
@@ -37,7 +43,7 @@ class KVCache:
         capacity = -(-max(length, capacity + capacity // 2) // KV_STEP) * KV_STEP
         for name in ("k", "v"):
             old = getattr(self, name)
-            grown = np.zeros((old.shape[0], capacity, old.shape[2]), dtype=np.float32)
+            grown = self.zeros((old.shape[0], capacity, old.shape[2]))
             grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
 
@@ -169,5 +175,5 @@ class CPUAttention(CPUExecution):
         layer = self.node.param.layer_index
         caches = self.backend.kv_caches
         if layer not in caches:
-            caches[layer] = KVCache(self.kv_heads, self.dim)
+            caches[layer] = KVCache(self.kv_heads, self.dim, zeros=self.backend.kv_zeros)
         return caches[layer]
