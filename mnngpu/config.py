@@ -171,6 +171,10 @@ def _is_int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(item) for item in value)
 
 
+def _is_chunk_limits(value: Any) -> bool:
+    return _is_int_list(value) and len(value) >= 2 and min(value) >= 1
+
+
 def _is_sampler_list(value: Any) -> bool:
     return isinstance(value, list) and all(item in SAMPLER_TYPES and item != "mixed" for item in value)
 
@@ -242,7 +246,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "draft_selection_rule": ("one of ['freqxlen', 'fcfs']", _one_of(("freqxlen", "fcfs"))),
     "logit_bias": ('an object of token id -> number, e.g. {"42": -1.5}', _is_logit_bias),
     "tie_embeddings": (_TIE_EXPECTED, _is_tie_embeddings),
-    "chunk_limits": ("a list of integers", _is_int_list),
+    "chunk_limits": ("a list of at least 2 positive integers, e.g. [128, 1]", _is_chunk_limits),
     "topK": ("an integer", _is_int),
     "topP": ("a number", _is_number),
     "minP": ("a number", _is_number),
@@ -578,6 +582,13 @@ class LlmConfig:
     @property
     def all_logits(self) -> bool:
         return self.value("all_logits")
+
+    @property
+    def chunk_size(self) -> int:
+        """The most ids one prefill forward takes (0: no limit): the largest of chunk_limits when
+        set, which then overrides chunk, as in MNN."""
+        limits = self._raw.get("chunk_limits")
+        return max(limits) if limits else self.value("chunk")
 
     @property
     def use_template(self) -> bool:

@@ -88,8 +88,9 @@ KEYS: dict[str, Key] = {
     "all_logits": _done("forward returns every position's logits"),
     "use_template": _done("response() applies the chat template; set_config after load reaches it"),
     "system_prompt": _done("the system turn of the chat template; set_config after load reaches it"),
-    "chunk": _warned("a long prefill is not split"),
-    "chunk_limits": _warned("a long prefill is not split"),
+    "chunk": _done("a longer prefill runs in pieces of this many ids"),
+    "chunk_limits": _done("overrides chunk with its largest entry; the last piece is not padded up to an "
+                          "entry (padding changes no logit on the backends mnngpu has)"),
     "prompt_cache": _warned("MNN's cross-turn prompt text cache (speed only)"),
     "timeout_ms": _warned("no generation time limit"),
     "async": _warned("MNN's asynchronous decode (speed only)"),

@@ -215,20 +215,27 @@ class Llm:
         logits = np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
         return logits[:seq] if all_logits else logits[-1:]
 
+    def _rows_per_run(self, count: int) -> int:
+        """How many ids one module forward takes: a fixed-shape backend's PREFILL_LEN, else all of
+        them; `chunk` (or the largest of `chunk_limits`) splits a longer prefill, as MNN's does."""
+        block = self.config.chunk_size
+        limit = PREFILL_LEN if self.runtime.fixed_shape else count
+        return min(block, limit) if block else limit
+
     def forward(self, ids) -> Logits:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
         self._require_loaded()
         ids = self._check_ids(ids)
         all_logits = self.config.all_logits
+        size = self._rows_per_run(len(ids))
         if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
             # In a padded chunk the last real row is not the last row. Prefill all but the last
             # token (the lm_head then runs on one padded row only), and take the last token's
             # logits from the decode module.
-            for chunk in _chunks(ids[:-1], PREFILL_LEN):
+            for chunk in _chunks(ids[:-1], size):
                 self._run(chunk, all_logits=False)
             logits = self._run(ids[-1:], all_logits=False)
         else:
-            size = PREFILL_LEN if self.runtime.fixed_shape else len(ids)
             parts = [self._run(chunk, all_logits) for chunk in _chunks(ids, size)]
             logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
         self.context.history_tokens.extend(ids)
