@@ -77,6 +77,9 @@ class BackendConfig:
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
     strict_device: bool = False  # an op the backend declines is an error, not a CPU fallback
     keep_tensors: bool = False   # no two tensors share memory: every op's output readable after a run (diff)
+    tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files
+    kvcache_mmap: bool = False  # the KV cache in files under tmp_path
+    use_mmap: bool = False      # the weights a backend converts at load in files under tmp_path
 
     @property
     def fp32(self) -> bool:
@@ -163,6 +166,18 @@ class Backend(ABC):
 
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
+
+    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
+    # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
+    kv_transfer: bool = False
+
+    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each layer's first `length` keys and values: float32 (kv_heads, length, head_dim) each."""
+        raise NotImplementedError(f"the {self.type} backend cannot read its KV cache back")
+
+    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
+        raise NotImplementedError(f"the {self.type} backend cannot write its KV cache")
 
 
 class DeviceWarning(UserWarning):

@@ -14,6 +14,10 @@ the text it is said to hold.
 
 A reply ends at MNN's stop ids and also at the chat markup of another turn (see
 `reply_stop_ids`), and special tokens never show in its text unless asked for.
+
+With `prefix_cache_path`, a prompt prefilled from an empty cache first takes its system turn's
+keys and values from the prefix cache (mnngpu/runtime/prefix_cache.py), stored there by the
+first session that used the same system prompt, so a new session prefills only the rest.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class PromptCache:
     def __init__(self, llm):
         self.llm = llm
         self.text = ""
+        self.prefilled_now = 0   # tokens ids_for prefilled itself for the current prompt (a new prefix)
         self._markup: ReplyMarkup | None = None
 
     @property
@@ -54,12 +59,21 @@ class PromptCache:
             self._markup = reply_markup(self.llm)
         return self._markup
 
-    def ids_for(self, prompt: str) -> list[int]:
-        """The ids to prefill for `prompt`: only its new part when the cache holds the rest."""
+    def ids_for(self, prompt: str, prefix: str = "") -> list[int]:
+        """The ids to prefill for `prompt`: only its new part when the cache holds the rest, or
+        when the prefix cache holds `prefix` (the prompt's system turn)."""
+        self.prefilled_now = 0
         if self.llm.config.reuse_kv and self.text and prompt.startswith(self.text) and prompt != self.text:
             return continuation_ids(self.llm.tokenizer, prompt[len(self.text):])
         self.clear()
-        return self.llm.tokenizer_encode(prompt)
+        ids = self.llm.tokenizer_encode(prompt)
+        if prefix and self.llm.prefix_cache is not None and prompt.startswith(prefix):
+            head = self.llm.tokenizer_encode(prefix)
+            if len(head) < len(ids) and ids[: len(head)] == head:  # the prompt's ids start with the prefix's
+                self.prefilled_now = len(head) - self.llm.cache_prefix(head)
+                self.text = prefix
+                return ids[len(head):]
+        return ids
 
     def clear(self) -> None:
         self.llm.reset()
@@ -142,10 +156,20 @@ class _RepeatedOpening:
         return text
 
 
+def system_prefix(llm, messages: list[dict]) -> str:
+    """The templated text of the messages' leading system turn ("" without one): what a prompt
+    rendered from these messages starts with and another session with the same system prompt shares."""
+    if not messages or messages[0].get("role") != "system":
+        return ""
+    return llm.prompt.render(messages[:1], add_generation_prompt=False)
+
+
 def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | None = None,
-                   on_text: Callable[[str], bool | None] | None = None, show_special: bool = False) -> Reply:
-    """Generate after `prompt`, reusing what `cache` holds; at most `max_new_tokens` (the config's
-    when None), fewer when max_all_tokens leaves less room.
+                   on_text: Callable[[str], bool | None] | None = None, show_special: bool = False,
+                   prefix: str = "") -> Reply:
+    """Generate after `prompt`, reusing what `cache` holds (and the prefix cache's keys and values
+    for `prefix`, the prompt's system turn); at most `max_new_tokens` (the config's when None),
+    fewer when max_all_tokens leaves less room.
 
     `on_text(piece)` hears the text each new token completes (often "", while a UTF-8
     sequence is unfinished), then once more with what is left at the end; returning True
@@ -155,11 +179,11 @@ def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | N
     limit = llm.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     if limit < 1:
         raise InputError(f"expected at least 1 new token, got {limit}", field="max_new_tokens")
-    ids = cache.ids_for(prompt)
-    cached = cache.tokens
-    room = llm.config.max_all_tokens - cached - len(ids)
+    ids = cache.ids_for(prompt, prefix)
+    held = cache.tokens
+    room = llm.config.max_all_tokens - held - len(ids)
     if room < 1:
-        raise InputError(f"the prompt's {cached + len(ids)} tokens leave no room for a reply",
+        raise InputError(f"the prompt's {held + len(ids)} tokens leave no room for a reply",
                          field="max_all_tokens")
     limit = min(limit, room)
     tokenizer, markup = llm.tokenizer, cache.markup
@@ -200,7 +224,9 @@ def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | N
     text = "".join(pieces)
     cache.text = prompt + "".join(in_cache)  # every emitted token is in the cache; the stop id is not
     finish = "cancelled" if cancelled else "length" if len(out) >= limit else "stop"
-    return Reply(text, list(out), finish, cached + len(ids), cached)
+    # a prefix prefilled for this prompt is not reused; a stored one generate() found by itself is
+    reused = held - cache.prefilled_now + llm.context.prefix_cached
+    return Reply(text, list(out), finish, held + len(ids), reused)
 
 
 class ChatSession:
@@ -221,8 +247,9 @@ class ChatSession:
 
     def ask(self, user_text: str, on_text: Callable[[str], bool | None] | None = None,
             max_new_tokens: int | None = None) -> Reply:
-        reply = generate_reply(self.llm, self.cache, self._prompt_with(user_text), max_new_tokens,
-                               on_text, self.show_special)
+        messages = [*self.messages, {"role": "user", "content": user_text}]
+        reply = generate_reply(self.llm, self.cache, self._prompt_with(user_text), max_new_tokens, on_text,
+                               show_special=self.show_special, prefix=system_prefix(self.llm, messages))
         self._add_turn(user_text, reply.text)
         return reply
 
@@ -259,4 +286,5 @@ class ChatSession:
                          {"role": "assistant", "content": reply_text}]
 
 
-__all__ = ["ChatSession", "PromptCache", "Reply", "ReplyMarkup", "continuation_ids", "generate_reply", "reply_markup"]
+__all__ = ["ChatSession", "PromptCache", "Reply", "ReplyMarkup", "continuation_ids", "generate_reply", "reply_markup",
+           "system_prefix"]

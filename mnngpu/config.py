@@ -5,9 +5,10 @@ The load order follows MNN's engine:
 1. `config.json` (runtime settings). `base_dir` is its folder unless it sets `base_dir`.
 2. `llm_config.json` (the model's facts), found at `base_dir / config["llm_config"]`,
    deep-merged on top: **llm_config.json wins** where both set a key.
-3. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
-   `jinja.context`.
-4. `set_config(overrides)`, deep-merged last.
+3. `set_config(overrides)`, deep-merged on top.
+4. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
+   `jinja.context` by `merge_context_file()`, which `Llm.load()` calls, as MNN's `Llm::load`
+   does: its keys win over a `set_config` made before the load.
 
 Every value is checked after loading and after each `set_config`; a bad one raises
 ConfigError naming the file that set it, the key and what was expected. Keys MNN never
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mnngpu.backend import REGISTRY
+from mnngpu.config_keys import KEYS, REJECTED, WARNED
 from mnngpu.errors import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -142,38 +144,8 @@ DEFAULTS: dict[str, Any] = {
     "eagle_topk": 1,
 }
 
-# Keys MNN reads without a default worth repeating here (or only for multimodal, speech and
-# draft models mnngpu does not run); knowing them keeps a real export free of warnings.
-_OTHER_MNN_KEYS = frozenset({
-    # structure and sampler fallbacks
-    "base_dir", "jinja", "mllm", "tie_embeddings", "chunk_limits", "topK", "topP", "minP", "tfsZ",
-    "penalty",
-    # per-layer embeddings
-    "ple_embed_file", "ple_embed_scale", "ple_embed_dim", "ple_quant", "load_disk_embedding_only",
-    "is_embedding",
-    # vision and audio
-    "visual_model", "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
-    "asr_language", "asr_use_audio_template", "vision_type", "vision_start", "vision_end", "image_pad",
-    "video_pad", "image_size", "image_size_unit", "image_max_size", "image_mean", "image_norm",
-    "image_min_pixels", "image_max_pixels", "global_image", "patch_size", "num_grid_per_side", "scale_emb",
-    "video_fps", "video_max_frames", "video_max_pixels", "video_max_vision_tokens", "vision_slice_start_id",
-    "vision_slice_end_id", "vision_id_start_id", "vision_id_end_id", "hunyuan_patch_size",
-    "hunyuan_spatial_merge_size", "hunyuan_temporal_patch_size", "sliding_attn_layers",
-    # speech (talker)
-    "talker_model", "talker_weight", "talker_embedding_file", "talker_text_embedding_file",
-    "talker_text_hidden_size", "talker_type", "talker_max_new_tokens", "talker_speaker", "tts_bos_token_id",
-    "tts_eos_token_id", "tts_pad_token_id", "code_predictor_model", "code_predictor_weight",
-    "code_predictor_embedding_file", "code_predictor_vocab_size", "code_predictor_groups",
-    "speech_decoder_model", "speech_decoder_weight", "speech_decoder_upsample_rate",
-    "speaker_encoder_model", "speaker_encoder_weight", "speaker_encoder_sample_rate",
-    "prompt_embedder_model", "prompt_embedder_weight", "codec_embedder_model", "codec_embedder_weight",
-    "predit_model", "dit_model", "bigvgan_model", "spk_dict", "interleaved", "dit_steps", "dit_solver",
-    # dflash drafts
-    "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
-    "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input",
-})
-
-KNOWN_KEYS: frozenset[str] = frozenset(DEFAULTS) | _OTHER_MNN_KEYS
+# Every key MNN reads, with what mnngpu does with it (implemented, warned, rejected, inert).
+KNOWN_KEYS: frozenset[str] = frozenset(KEYS)
 
 
 class ConfigWarning(UserWarning):
@@ -200,6 +172,10 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any], bool]:
 
 def _is_int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(item) for item in value)
+
+
+def _is_chunk_limits(value: Any) -> bool:
+    return _is_int_list(value) and len(value) >= 2 and min(value) >= 1
 
 
 def _is_sampler_list(value: Any) -> bool:
@@ -273,7 +249,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "draft_selection_rule": ("one of ['freqxlen', 'fcfs']", _one_of(("freqxlen", "fcfs"))),
     "logit_bias": ('an object of token id -> number, e.g. {"42": -1.5}', _is_logit_bias),
     "tie_embeddings": (_TIE_EXPECTED, _is_tie_embeddings),
-    "chunk_limits": ("a list of integers", _is_int_list),
+    "chunk_limits": ("a list of at least 2 positive integers, e.g. [128, 1]", _is_chunk_limits),
     "topK": ("an integer", _is_int),
     "topP": ("a number", _is_number),
     "minP": ("a number", _is_number),
@@ -353,7 +329,7 @@ class LlmConfig:
         self._base_dir = base_dir
         self._config_path = config_path
         self._origins: dict[str, str] = {}  # dotted key -> the file that set its current value
-        self._warned: set[str] = set()  # unknown keys already reported
+        self._warned: set[str] = set()  # keys already warned about
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -368,7 +344,6 @@ class LlmConfig:
         cfg = cls(config, cls._resolve_base_dir(config, config_path), config_path)
         cfg._record_origins(config, os.fspath(config_path))
         cfg._merge_llm_config()
-        cfg._merge_context_file()
         cfg.validate()
         return cfg
 
@@ -380,7 +355,6 @@ class LlmConfig:
         config = {"llm_model": model_path.name, "llm_weight": model_path.name + ".weight"}
         cfg = cls(config, model_path.parent.resolve())
         cfg._merge_llm_config()
-        cfg._merge_context_file()
         cfg.validate()
         return cfg
 
@@ -403,10 +377,13 @@ class LlmConfig:
             return
         self._merge(_read_object(llm_config_path), os.fspath(llm_config_path))
 
-    def _merge_context_file(self) -> None:
+    def merge_context_file(self) -> None:
+        """Deep-merge context.json (context_file), if present, into jinja.context: Llm.load()
+        does it, after any set_config, as MNN's does."""
         context_path = self._base_dir / self._string("context_file")
         if context_path.is_file():
             self._merge({"jinja": {"context": _read_object(context_path)}}, os.fspath(context_path))
+            self.validate()
 
     def _merge(self, override: dict[str, Any], source: str) -> None:
         self._raw = deep_merge(self._raw, override)
@@ -469,12 +446,30 @@ class LlmConfig:
                 self._validate_jinja(value)
                 continue
             rule = _rule_for(key)
-            if rule is None and key not in self._warned:
-                self._warned.add(key)
-                warnings.warn(f"{_blamed(self._origin(key), key)}: not a key MNN reads; ignored (a typo?)",
-                              ConfigWarning, stacklevel=3)
+            if rule is None and key not in KNOWN_KEYS:
+                self._warn_once(key, "not a key MNN reads; ignored (a typo?)")
             elif rule is not None and not rule[1](value):
                 self._fail(key, rule[0], value)
+            self._check_support(key, value)
+
+    def _check_support(self, key: str, value: Any) -> None:
+        """Reject a value that would change the math in a way mnngpu does not compute; warn once
+        about a speed- or memory-only value mnngpu does not act on (config_keys.KEYS)."""
+        entry = KEYS.get(key)
+        if entry is None:
+            return
+        if entry.status == REJECTED and not entry.supported(value):
+            if key == "quant_qkv" and "attention_mode" in self._raw:
+                return  # MNN reads quant_qkv only when attention_mode is unset
+            raise ConfigError(f"{_shown(value)} is not supported by mnngpu ({entry.note}); "
+                              f"supported: {entry.supported_text}", path=self._origin(key), field=key)
+        if entry.status == WARNED and value != DEFAULTS.get(key):
+            self._warn_once(key, f"{_shown(value)} has no effect in mnngpu: {entry.note}")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"{_blamed(self._origin(key), key)}: {message}", ConfigWarning, stacklevel=4)
 
     def _validate_jinja(self, jinja: Any) -> None:
         if not isinstance(jinja, dict):
@@ -514,6 +509,21 @@ class LlmConfig:
     def value(self, key: str) -> Any:
         """The merged value of key, or MNN's default for it."""
         return copy.deepcopy(self._raw.get(key, DEFAULTS.get(key)))
+
+    def writable_folder(self, key: str, needed_by: str) -> Path:
+        """The folder `key` names (taken from the working directory, as MNN does), for files
+        `needed_by` writes; a ConfigError when it is unset or inside the model folder, since
+        nothing is ever written there."""
+        value = self.value(key)
+        if not value:
+            raise ConfigError(f"{needed_by} needs a folder for its files; set {key}", path=self._origin(key),
+                              field=key)
+        folder = Path(value).resolve()
+        base = self._base_dir.resolve()
+        if folder == base or base in folder.parents:
+            raise ConfigError(f"{folder} is inside the model folder, which mnngpu never writes to; choose "
+                              "another folder", path=self._origin(key), field=key)
+        return folder
 
     def _file(self, key: str) -> Path:
         return self._base_dir / self._raw.get(key, DEFAULTS[key])
@@ -586,6 +596,13 @@ class LlmConfig:
     @property
     def all_logits(self) -> bool:
         return self.value("all_logits")
+
+    @property
+    def chunk_size(self) -> int:
+        """The most ids one prefill forward takes (0: no limit): the largest of chunk_limits when
+        set, which then overrides chunk, as in MNN."""
+        limits = self._raw.get("chunk_limits")
+        return max(limits) if limits else self.value("chunk")
 
     @property
     def use_template(self) -> bool:

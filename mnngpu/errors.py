@@ -46,3 +46,7 @@ class BackendUnavailableError(MnnGpuError):
 
 class InputError(MnnGpuError):
     """A caller passed an id, prompt or argument the model cannot take."""
+
+
+class CacheFileError(MnnGpuError):
+    """A prefix-cache file is damaged or was made by another model or other settings."""

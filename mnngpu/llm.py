@@ -12,18 +12,23 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnngpu.config import LlmConfig
+from mnngpu.backend import backend_class
+from mnngpu.config import ConfigWarning, LlmConfig
 from mnngpu.embedding import DiskEmbedding
-from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
+from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
+from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
+from mnngpu.sampler import Sampler
+from mnngpu.tokenizer import load_tokenizer
 from mnngpu.validate import validate_model
 
 
@@ -37,6 +42,37 @@ def _feeds(embeds: np.ndarray, first_position: int, all_logits: bool) -> dict[st
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
     return [ids[i: i + size] for i in range(0, len(ids), size)]
+
+
+# Keys read only while load() builds the runtime, the graph and the embedding.
+LOAD_TIME_KEYS = frozenset({
+    "backend_type", "thread_num", "precision", "power", "memory", "use_mmap", "kvcache_mmap", "tmp_path",
+    "attention_mode", "quant_qkv", "attn_scale", "llm_model", "llm_weight", "tokenizer_file", "embedding_file",
+    "context_file", "hidden_size", "layer_nums", "tie_embeddings", "prefix_cache_path",
+})
+
+
+def _parse_overrides(text: str) -> dict:
+    from mnngpu.config import SET_CONFIG, _parse_object
+
+    return _parse_object(text, SET_CONFIG)
+
+
+def _open_prefix_cache(cfg: LlmConfig) -> PrefixCache | None:
+    directory = cache_directory(cfg)
+    if directory is None:
+        return None
+    if not backend_class(cfg.backend_type).kv_transfer:
+        raise ConfigError(f"the prefix cache is not implemented on the {cfg.backend_type} backend",
+                          path=cfg.origin("prefix_cache_path"), field="prefix_cache_path")
+    return PrefixCache(directory, lambda: model_key(cfg))
+
+
+def _warn_load_time_keys(overrides: dict) -> None:
+    late = sorted(LOAD_TIME_KEYS & set(overrides))
+    if late:
+        warnings.warn(f"set_config(): {', '.join(late)}: set after load(); takes effect at the next load()",
+                      ConfigWarning, stacklevel=3)
 
 
 class Logits(np.ndarray):
@@ -56,6 +92,7 @@ class LlmContext:
     prefill_us: int = 0
     decode_us: int = 0
     load_us: int = 0
+    prefix_cached: int = 0   # tokens of the last prompt read from the prefix cache instead of prefilled
 
 
 def create(config_path: str | os.PathLike) -> "Llm":
@@ -69,10 +106,20 @@ class Llm:
         self.context = LlmContext()
         self._loaded = False
         self._tokenizer = None
+        self.prefix_cache: PrefixCache | None = None
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
+        """Merge overrides into the config. After load() they reach the chat template
+        (system_prompt, use_template, jinja) and the sampler; a key only load() reads takes
+        effect at the next load(), and says so."""
+        if isinstance(overrides, str):
+            overrides = _parse_overrides(overrides)
         self.config.set_config(overrides)
+        if self._loaded:
+            self._prompt = None
+            self.sampler = Sampler(self.config.raw)
+            _warn_load_time_keys(overrides)
         return True
 
     def load(self, progress=None) -> None:
@@ -80,13 +127,14 @@ class Llm:
         report = progress or (lambda stage, done, total: None)
         start = time.perf_counter()
         cfg = self.config
+        self._tokenizer = load_tokenizer(cfg.base_dir, cfg.tokenizer_file)  # first, as in MNN: fail early
+        cfg.merge_context_file()
         self.runtime = RuntimeManager.from_config(cfg)
+        self.prefix_cache = _open_prefix_cache(cfg)
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
-        from mnngpu.sampler import Sampler
-
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
@@ -100,10 +148,8 @@ class Llm:
 
     @property
     def tokenizer(self):
-        """Loaded on first use, so a folder whose tokenizer is unreadable can still forward ids."""
+        """Loaded by load(); before it, on first use."""
         if self._tokenizer is None:
-            from mnngpu.tokenizer import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.config.base_dir, self.config.tokenizer_file)
         return self._tokenizer
 
@@ -185,25 +231,69 @@ class Llm:
             module.session.place(_feeds(embeds, 0, all_logits))
         return self.runtime.placements
 
+    def _rows_per_run(self, count: int) -> int:
+        """How many ids one module forward takes: a fixed-shape backend's PREFILL_LEN, else all of
+        them; `chunk` (or the largest of `chunk_limits`) splits a longer prefill, as MNN's does."""
+        block = self.config.chunk_size
+        limit = PREFILL_LEN if self.runtime.fixed_shape else count
+        return min(block, limit) if block else limit
+
     def forward(self, ids) -> Logits:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
         self._require_loaded()
         ids = self._check_ids(ids)
         all_logits = self.config.all_logits
+        size = self._rows_per_run(len(ids))
         if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
             # In a padded chunk the last real row is not the last row. Prefill all but the last
             # token (the lm_head then runs on one padded row only), and take the last token's
             # logits from the decode module.
-            for chunk in _chunks(ids[:-1], PREFILL_LEN):
+            for chunk in _chunks(ids[:-1], size):
                 self._run(chunk, all_logits=False)
             logits = self._run(ids[-1:], all_logits=False)
         else:
-            size = PREFILL_LEN if self.runtime.fixed_shape else len(ids)
             parts = [self._run(chunk, all_logits) for chunk in _chunks(ids, size)]
             logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = self.runtime.kv_meta.previous
         return np.ascontiguousarray(logits[None]).view(Logits)
+
+    # ---- the prefix cache (prefix_cache_path) -------------------------------------------------
+    def cache_prefix(self, ids) -> int:
+        """Put the keys and values of `ids`, a prompt's reusable start (a system prompt, a
+        document), into the empty KV cache: read from prefix_cache_path when stored there, else
+        prefilled and stored. Returns how many tokens were read from disk (0 or len(ids)).
+        generate() then prefills only what follows; it also finds a stored prefix by itself."""
+        self._require_loaded()
+        ids = self._check_ids(ids)
+        if self.prefix_cache is None:
+            raise ConfigError("not set: the prefix cache needs a folder", field="prefix_cache_path")
+        if self.runtime.kv_meta.kept:
+            raise InputError("cache_prefix needs an empty KV cache: call reset() first", field="input_ids")
+        if self.prefix_cache.path_for(ids).is_file():
+            self._restore_prefix(ids)
+            return len(ids)
+        self.forward(ids)
+        self.prefix_cache.save(ids, self.runtime.backend().read_kv(len(ids)))
+        return 0
+
+    def _reuse_stored_prefix(self, ids: list[int]) -> int:
+        """With an empty KV cache, load the longest stored prefix of `ids`; how many tokens it held."""
+        if self.prefix_cache is None or self.runtime.kv_meta.kept:
+            return 0
+        stored = self.prefix_cache.longest_prefix(ids)
+        if stored is None:
+            return 0
+        self._restore_prefix(stored)
+        return len(stored)
+
+    def _restore_prefix(self, ids: list[int]) -> None:
+        layers = self.prefix_cache.load(ids, self.config.layer_nums)
+        self.runtime.backend().write_kv(layers)
+        meta = self.runtime.kv_meta
+        meta.previous, meta.remove, meta.reserve = len(ids), 0, []
+        self.context.history_tokens.extend(ids)
+        self.context.all_seq_len = len(ids)
 
     # ---- generation --------------------------------------------------------------------------
     def _last_logits(self, ids: list[int]) -> np.ndarray:
@@ -227,6 +317,7 @@ class Llm:
             raise InputError(f"expected a non-negative integer, got {limit!r}", field="max_new_tokens")
         prompt_ids = self._check_ids(ids)
         history = list(self.context.history_tokens) + prompt_ids
+        reused = self._reuse_stored_prefix(prompt_ids)
         timing = {"prefill": True, "t": time.perf_counter()}
         ctx = self.context
 
@@ -256,8 +347,9 @@ class Llm:
             return stop or not self._room_left()  # like MNN, a reply ends at max_all_tokens
 
         ctx.prompt_len = len(prompt_ids)
+        ctx.prefix_cached = reused
         ctx.gen_seq_len = 0
-        out = ar.generate(forward, sample, is_stop, prompt_ids, int(limit), on_new_token)
+        out = ar.generate(forward, sample, is_stop, prompt_ids[reused:], int(limit), on_new_token)
         if out and not ended_on_stop_id and self._room_left():
             forward([out[-1]])  # as in MNN, every emitted token enters the KV cache; only a stop id does not
         ctx.gen_seq_len = len(out)

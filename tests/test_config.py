@@ -184,9 +184,9 @@ def test_mnn_defaults(tmp_path: Path) -> None:
 
 
 def test_quant_qkv_is_the_fallback_for_attention_mode(tmp_path: Path) -> None:
-    assert load_quietly(make_model(tmp_path / "a", {"quant_qkv": 9}, {})).attention_mode == 9
-    both = make_model(tmp_path / "b", {"quant_qkv": 9, "attention_mode": 10}, {})
-    assert load_quietly(both).attention_mode == 10
+    assert load_quietly(make_model(tmp_path / "a", {"quant_qkv": 0}, {})).attention_mode == 0
+    both = make_model(tmp_path / "b", {"quant_qkv": 0, "attention_mode": 16}, {})
+    assert load_quietly(both).attention_mode == 16
 
 
 def test_tie_embeddings_object_form(tmp_path: Path) -> None:
@@ -247,7 +247,10 @@ def test_set_config_cannot_move_base_dir(qwen2: Path, tmp_path: Path) -> None:
 def test_context_json_merges_into_jinja_context(tmp_path: Path) -> None:
     folder = make_model(tmp_path / "m", {}, {"jinja": {"chat_template": "t", "context": {"a": 1, "b": 2}}})
     write_json(folder / "context.json", {"b": 3, "enable_thinking": False})
-    jinja = load_quietly(folder).jinja
+    cfg = load_quietly(folder)
+    assert cfg.jinja["context"] == {"a": 1, "b": 2}  # as in MNN, merged only when the model loads
+    cfg.merge_context_file()
+    jinja = cfg.jinja
     assert jinja["context"] == {"a": 1, "b": 3, "enable_thinking": False}
     assert jinja["chat_template"] == "t"
 
@@ -256,6 +259,7 @@ def test_context_file_key_renames_it(tmp_path: Path) -> None:
     folder = make_model(tmp_path / "m", {"context_file": "user.json"}, {})
     write_json(folder / "user.json", {"tools": []})
     cfg = load_quietly(folder)
+    cfg.merge_context_file()
     assert cfg.jinja["context"] == {"tools": []}
     assert cfg.context_path == folder.resolve() / "user.json"
 
@@ -320,7 +324,7 @@ def test_unreadable_file_is_named(tmp_path: Path, file: str, content: bytes, exp
     folder = make_model(tmp_path / "m", {}, {})
     (folder / file).write_bytes(content)
     with pytest.raises(ConfigError, match=expected) as info:
-        LlmConfig.load(folder)
+        LlmConfig.load(folder).merge_context_file()  # context.json is read when the model loads
     assert info.value.path == str(folder / file)
 
 
@@ -452,14 +456,17 @@ def test_merge_matches_mnn_on_a_real_export(tmp_path: Path) -> None:
     config.update({"attention_mask": "int", "jinja": {"bos": "<s>", "context": {"a": 1, "b": 2}}})
     write_json(folder / "config.json", config)
     write_json(folder / "context.json", {"b": 3, "enable_thinking": False})
-    overrides = {"thread_num": 1, "precision": "high", "mixed_samplers": ["topK", "temperature"]}
+    overrides = {"thread_num": 1, "precision": "high", "mixed_samplers": ["topK", "temperature"],
+                 "jinja": {"context": {"b": 9, "c": 4}}}
 
     expected = mnn_dump_config(folder / "config.json", overrides, load=True, cwd=tmp_path)
     cfg = load_quietly(folder / "config.json")
     cfg.set_config(overrides)
+    cfg.merge_context_file()  # what Llm.load does
     assert cfg.raw == expected
     assert expected["attention_mask"] == "float"  # the merge really had something to decide
-    assert expected["jinja"]["context"] == {"a": 1, "b": 3, "enable_thinking": False}
+    # context.json, merged at load, wins over the set_config made before it
+    assert expected["jinja"]["context"] == {"a": 1, "b": 3, "c": 4, "enable_thinking": False}
 
 
 def test_relative_base_dir_matches_mnn(tmp_path: Path, monkeypatch) -> None:

@@ -7,6 +7,7 @@ activation into one arena by lifetime (memory.py) and binds each execution to it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -26,7 +27,8 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.execution import ViewExecution  # noqa: E402
-from mnngpu.backends.cpu.ops.attention import CPUAttention  # noqa: E402
+from mnngpu.backends.cpu.mapped_files import MappedFiles  # noqa: E402
+from mnngpu.backends.cpu.ops.attention import CPUAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution, UnaryExecution  # noqa: E402
 from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
@@ -36,6 +38,17 @@ from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: E402
 from mnngpu.runtime.host_ops import HOST_OPS, SHAPE_OPS  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
+
+
+def _owns_memory(array) -> bool:
+    """A non-empty array whose bytes are its own or another in-memory array's (no file mapping)."""
+    if not isinstance(array, np.ndarray) or array.size == 0:
+        return False
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap):
+            return False
+        array = array.base
+    return array is None or isinstance(array, bytes | bytearray)
 
 
 class CPUBackend(Backend):
@@ -60,13 +73,26 @@ class CPUBackend(Backend):
         self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
         self.quantize_activations = config.precision == "low"   # decode GEMV on int16 x (ops/linear_kernels.py)
         self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
+        # kvcache_mmap / use_mmap: those arrays live in files under tmp_path
+        self.kv_files = MappedFiles(config.tmp_path, "kv") if config.kvcache_mmap else None
+        self.weight_files = MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
         self._recorded: list = []
         self._scratch: dict[tuple[str, int], np.ndarray] = {}
 
     # ---- load ----------------------------------------------------------------------------------
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution":
-            node.weights["packed"] = pack_linear(node.weights.pop("weight"), node.param)
+            packed = pack_linear(node.weights.pop("weight"), node.param)
+            if self.weight_files is not None:
+                packed = self._mapped(packed)
+            node.weights["packed"] = packed
+
+    def _mapped(self, packed):
+        """use_mmap: each array the packing made in memory (not a view of the weight file) moves
+        to a file under tmp_path."""
+        moved = {name: self.weight_files.copy(array) for name in ("codes", "alpha", "bias", "dense")
+                 if _owns_memory(array := getattr(packed, name))}
+        return dataclasses.replace(packed, **moved)
 
     # ---- resize: record, then plan the buffers and bind ---------------------------------------
     def onResizeBegin(self) -> None:  # noqa: N802
@@ -107,6 +133,24 @@ class CPUBackend(Backend):
         if buffer is None or buffer.size < size:
             buffer = self._scratch[key] = np.empty(size, dtype=np.float32)
         return buffer[:size].reshape(shape)
+
+    def kv_zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A KV cache array: in a file under tmp_path with kvcache_mmap, else in memory."""
+        if self.kv_files is not None:
+            return self.kv_files.zeros(shape)
+        return np.zeros(shape, dtype=np.float32)
+
+    # ---- the prefix cache ----------------------------------------------------------------------
+    kv_transfer = True
+
+    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
+
+    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        self.kv_caches = {}
+        for layer, (keys, values) in layers.items():
+            cache = self.kv_caches[layer] = KVCache(keys.shape[0], keys.shape[2], zeros=self.kv_zeros)
+            cache.write(keys, values)
 
     def parallel(self, fn, count: int) -> None:
         """fn(0..count-1) spread over the backend's threads (prefill tiles)."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.execution import CudaExecution
-from mnngpu.runtime.kv import grown_capacity, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
 
 ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
 MAX_HEAD_DIM = 2 * ATT_TILE
@@ -75,7 +75,7 @@ class AttentionExecution(CudaExecution):
         q, k, v, out = self.buffers
         seq, heads, kv_heads, dim = (np.int32(x) for x in (self.seq, self.heads, self.kv_heads, self.head_dim))
         capacity, length = np.int32(cache.capacity), backend.kv_length
-        scale = np.float32(self.node.param.attnScale or 1.0 / np.sqrt(self.head_dim))
+        scale = np.float32(attention_scale(self.node.param.attnScale, self.head_dim, self.backend.kv_meta))
         n = self.seq * self.kv_heads * self.head_dim
         self.prepare("attention.cu", "kv_append", grid_for(n), (BLOCK,),
                      (seq, kv_heads, dim, capacity, length, k, v, cache.k, cache.v))

@@ -3,11 +3,15 @@
 MNN's semantics: before a forward, `remove` tokens are dropped from the end of the cache,
 `reserve` lists (begin, length) pairs of the removed span to keep, and `add` new tokens are
 appended. `sync()` after the forward makes `previous` the cache's new length.
+
+Like MNN's, it also carries the config's `attn_scale` to every Attention op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -16,6 +20,7 @@ class KVMeta:
     remove: int = 0
     add: int = 0
     reserve: list[tuple[int, int]] = field(default_factory=list)
+    attn_scale: float = 0.0  # llm_config's attn_scale; 0: none recorded
 
     @property
     def n_reserve(self) -> int:
@@ -65,3 +70,13 @@ def grown_capacity(capacity: int, needed: int, multiple: int = 1) -> int:
     if needed <= capacity:
         return capacity
     return -(-max(needed, capacity + capacity // 2) // multiple) * multiple
+
+
+def attention_scale(op_scale: float, head_dim: int, meta: KVMeta | None) -> float:
+    """The Attention op's own scale; where the op records none (0), the config's attn_scale;
+    where neither does, 1/sqrt(head_dim)."""
+    if op_scale:
+        return float(op_scale)
+    if meta is not None and meta.attn_scale > 0:
+        return float(meta.attn_scale)
+    return float(1.0 / np.sqrt(head_dim))

@@ -7,9 +7,11 @@ Attention executions share, and a CPU backup backend for ops a device backend la
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from mnngpu.backend import Backend, BackendConfig, backend_class, create_backend
+from mnngpu.config import ConfigWarning
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.placement import PlacementTable
 
@@ -32,8 +34,10 @@ class RuntimeManager:
     def from_config(cls, config) -> "RuntimeManager":
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
-                                strict_device=config.strict_device)
-        return cls(ScheduleConfig(config.backend_type, backend))
+                                strict_device=config.strict_device, **_mapped_files(config))
+        manager = cls(ScheduleConfig(config.backend_type, backend))
+        manager.kv_meta.attn_scale = config.attn_scale or 0.0
+        return manager
 
     @property
     def fixed_shape(self) -> bool:
@@ -56,3 +60,18 @@ class RuntimeManager:
     def describe(self) -> str:
         """The backend and its device, e.g. "vulkan on llvmpipe (CPU)"."""
         return self.backend().describe()
+
+
+def _mapped_files(config) -> dict:
+    """kvcache_mmap and use_mmap: files under tmp_path, on the CPU backend. A device backend keeps
+    its KV cache and weights in device memory; there either key draws one warning."""
+    wanted = {key: config.value(key) for key in ("kvcache_mmap", "use_mmap")}
+    if not any(wanted.values()):
+        return {}
+    if config.backend_type != "cpu":
+        on = ", ".join(key for key, value in wanted.items() if value)
+        warnings.warn(f"{on}: no effect on the {config.backend_type} backend, which keeps its KV cache and "
+                      "weights in device memory", ConfigWarning, stacklevel=4)
+        return {}
+    needed_by = " and ".join(key for key, value in wanted.items() if value)
+    return {**wanted, "tmp_path": str(config.writable_folder("tmp_path", needed_by))}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from mnngpu.chat import PromptCache, generate_reply
+from mnngpu.chat import PromptCache, generate_reply, system_prefix
 from mnngpu.errors import InputError, MnnGpuError
 from mnngpu.sampler import Sampler
 from mnngpu.server.protocol import ApiError, GenerationRequest, Usage, sampler_overrides
@@ -145,7 +145,8 @@ class ServedModel:
         self._running = job
         try:
             reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
-                                   self.show_special)
+                                   show_special=self.show_special,
+                                   prefix=system_prefix(self.llm, job.request.messages))
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             raise ApiError(400, str(exc), param=exc.field, code=code) from None

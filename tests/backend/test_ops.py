@@ -121,18 +121,21 @@ def attention_inputs(backend, rng, seq, heads, kv_heads, dim):
     return [q, k, v, np.zeros((1, 1, 1, 1), np.float32)]
 
 
-@pytest.mark.parametrize("heads, kv_heads, dim, scale, output_c4", [(4, 2, 32, 0.0, True), (2, 2, 16, 0.3, False),
-                                                                     (6, 1, 64, 0.0, False), (2, 1, 6, 0.0, True)])
-def test_attention_padded_prefill_then_decode(backend, heads, kv_heads, dim, scale, output_c4):
+@pytest.mark.parametrize("heads, kv_heads, dim, scale, config_scale, output_c4",
+                         [(4, 2, 32, 0.0, 0.0, True), (2, 2, 16, 0.3, 0.5, False), (6, 1, 64, 0.0, 0.0, False),
+                          (2, 1, 6, 0.0, 0.0, True), (2, 2, 16, 0.0, 0.45, False)])
+def test_attention_padded_prefill_then_decode(backend, heads, kv_heads, dim, scale, config_scale, output_c4):
     """A padded prefill (8 rows, 5 real) then two decode steps: the cache holds exactly the real
-    tokens, the padded rows are overwritten, and each row sees its causal past."""
+    tokens, the padded rows are overwritten, and each row sees its causal past. The scale is the
+    op's own; where the op records none, the config's attn_scale (KVMeta); else 1/sqrt(dim)."""
     rng = np.random.default_rng(heads * dim)
     meta = backend.kv_meta
+    meta.attn_scale = config_scale
     node = attention_node(scale, output_c4)
     prefill_in = attention_inputs(backend, rng, 8, heads, kv_heads, dim)
     prefill = OneOp(backend, node, prefill_in)
     decode = OneOp(backend, node, attention_inputs(backend, rng, 1, heads, kv_heads, dim))
-    scale = scale or 1 / np.sqrt(dim)
+    scale = scale or config_scale or 1 / np.sqrt(dim)
     meta.add = 5
     got = prefill(*prefill_in)[0]
     meta.sync()

@@ -194,11 +194,11 @@ def every_model_damages(model: str) -> list[Damage]:
                ModelFormatError, "load", "llm.mnn"),
         Damage("graph reads a tensor before it exists", patch("llm.mnn", _set_op_input(_own_output)),
                ModelFormatError, "load", "llm.mnn"),
-        Damage("tokenizer cut in half", truncate("tokenizer.mtok"), TokenizerError, "encode", "tokenizer.mtok"),
-        Damage("tokenizer empty", write("tokenizer.mtok", b""), TokenizerError, "encode", "tokenizer.mtok"),
+        Damage("tokenizer cut in half", truncate("tokenizer.mtok"), TokenizerError, "load", "tokenizer.mtok"),
+        Damage("tokenizer empty", write("tokenizer.mtok", b""), TokenizerError, "load", "tokenizer.mtok"),
         Damage("tokenizer magic wrong", patch("tokenizer.mtok", lambda d, f: d.__setitem__(slice(0, 3), b"431")),
-               TokenizerError, "encode", "tokenizer.mtok"),
-        Damage("tokenizer missing", remove("tokenizer.mtok"), TokenizerError, "encode", "tokenizer.mtok"),
+               TokenizerError, "load", "tokenizer.mtok"),
+        Damage("tokenizer missing", remove("tokenizer.mtok"), TokenizerError, "load", "tokenizer.mtok"),
         Damage("config.json not JSON", write("config.json", b'{"backend_type": "cpu",'), ConfigError, "create",
                "config.json"),
         Damage("config.json a list", write("config.json", b"[1, 2]"), ConfigError, "create", "config.json"),
@@ -270,9 +270,9 @@ def tokenizer_format_damages() -> list[Damage]:
         name = next((TOKENIZERS / fixture).glob("tokenizer.*")).name
         found += [
             Damage(f"{fixture} tokenizer cut in half", use_tokenizer(fixture, truncate(name)), TokenizerError,
-                   "encode", name),
+                   "load", name),
             Damage(f"{fixture} tokenizer vocab count too large",
-                   use_tokenizer(fixture, patch(name, _raise_count)), TokenizerError, "encode", name),
+                   use_tokenizer(fixture, patch(name, _raise_count)), TokenizerError, "load", name),
         ]
     return found
 

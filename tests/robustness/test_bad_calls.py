@@ -93,7 +93,7 @@ def test_forward_before_load(tmp_path):
 @pytest.mark.parametrize(("name", "error", "stage"), [
     ("config.json", ConfigError, "create"), ("llm_config.json", ConfigError, "create"),
     ("llm.mnn", ModelFormatError, "load"), ("llm.mnn.weight", WeightFileError, "load"),
-    ("embeddings_bf16.bin", WeightFileError, "load"), ("tokenizer.mtok", TokenizerError, "encode"),
+    ("embeddings_bf16.bin", WeightFileError, "load"), ("tokenizer.mtok", TokenizerError, "load"),
 ])
 def test_permission_denied(tmp_path, monkeypatch, name, error, stage):
     # Root reads any file, so a denied open is simulated at the one place every reader goes through.

@@ -16,7 +16,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.runtime.kv import grown_capacity, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -24,12 +24,18 @@ QUERY_BLOCK = 128   # query positions per prefill score tile
 KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
 
 
-class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half."""
+def _zeros(shape: tuple[int, ...]) -> np.ndarray:
+    return np.zeros(shape, dtype=np.float32)
 
-    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP):
-        self.k = np.zeros((kv_heads, capacity, head_dim), dtype=np.float32)
-        self.v = np.zeros_like(self.k)
+
+class KVCache:
+    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half.
+    `zeros(shape)` makes each array (in a file under tmp_path with kvcache_mmap)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP, zeros=_zeros):
+        self.zeros = zeros
+        self.k = zeros((kv_heads, capacity, head_dim))
+        self.v = zeros((kv_heads, capacity, head_dim))
 
     def ensure(self, length: int) -> None:
         capacity = grown_capacity(self.k.shape[1], length, KV_STEP)
@@ -37,9 +43,20 @@ class KVCache:
             return
         for name in ("k", "v"):
             old = getattr(self, name)
-            grown = np.zeros((old.shape[0], capacity, old.shape[2]), dtype=np.float32)
+            grown = self.zeros((old.shape[0], capacity, old.shape[2]))
             grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the first `length` keys and values."""
+        return self.k[:, :length].copy(), self.v[:, :length].copy()
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values, (kv_heads, length, head_dim) each."""
+        length = keys.shape[1]
+        self.ensure(length)
+        self.k[:, :length] = keys
+        self.v[:, :length] = values
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end."""
@@ -152,7 +169,7 @@ class CPUAttention(CPUExecution):
     def prepare(self, inputs, outputs):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.kv_heads = inputs[1].shape[2]
-        self.scale = np.float32(self.node.param.attnScale or 1.0 / np.sqrt(self.dim))
+        self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
 
     def bind(self):
         seq, kvh, dim = self.seq, self.kv_heads, self.dim
@@ -182,5 +199,5 @@ class CPUAttention(CPUExecution):
         layer = self.node.param.layer_index
         caches = self.backend.kv_caches
         if layer not in caches:
-            caches[layer] = KVCache(self.kv_heads, self.dim)
+            caches[layer] = KVCache(self.kv_heads, self.dim, zeros=self.backend.kv_zeros)
         return caches[layer]

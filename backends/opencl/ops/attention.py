@@ -13,7 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.runtime.kv import grown_capacity, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
@@ -70,7 +70,7 @@ class AttentionExecution(KernelExecution):
         backend = self.backend
         self.seq = seq
         self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
-        scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
+        scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
         defines = {"HEAD_DIM": dim}
         cache, kv_length = self.cache, backend.kv_length_buffer
         n = seq * kv_heads * dim

@@ -11,12 +11,10 @@ kernels read, before the submit.
 
 from __future__ import annotations
 
-import numpy as np
-
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import InputError
-from mnngpu.runtime.kv import reserve_moves
+from mnngpu.runtime.kv import attention_scale, reserve_moves
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 
@@ -71,7 +69,7 @@ class VulkanAttention(VulkanExecution):
         out = outputs[0].device = backend.new_tensor(outputs[0])
         self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, self.cache.k, self.cache.v],
                       pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=(-2, -1))
-        scale = self.node.param.attnScale or 1.0 / np.sqrt(dim)
+        scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
         push = pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale))
         cached = [q, self.cache.k, self.cache.v, backend.step]
         if backend.variant == "cpu" and dim % 4 == 0:
