@@ -230,8 +230,9 @@ class Llm:
         """Whether `count` more tokens fit in max_all_tokens."""
         return self.runtime.kv_meta.kept + count <= self.config.max_all_tokens
 
-    def generate(self, ids, max_new_tokens: int | None = None, on_token=None) -> list[int]:
-        """New ids after `ids`, until a stop id or max_new_tokens (the config's when None)."""
+    def generate(self, ids, max_new_tokens: int | None = None, on_token=None, stop_ids: bool = True) -> list[int]:
+        """New ids after `ids`, until a stop id or max_new_tokens (the config's when None).
+        `stop_ids=False` runs on past stop ids, as llm_bench does."""
         self._require_loaded()
         limit = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
@@ -264,7 +265,8 @@ class Llm:
             # like MNN, a reply ends at max_all_tokens; `history` is the cache once this token is in it
             return stop or len(history) > self.config.max_all_tokens
 
-        steps = DecodeSteps(forward, sample, self.tokenizer.is_stop, history, on_new_token, verify, self.discard,
+        is_stop = self.tokenizer.is_stop if stop_ids else (lambda token: False)
+        steps = DecodeSteps(forward, sample, is_stop, history, on_new_token, verify, self.discard,
                             self._room_left, self.tokenizer)
         ctx.prompt_len = len(prompt_ids)
         ctx.gen_seq_len = 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from mnngpu import bench
+from mnngpu.commands.common import add_speculative_argument
 
 
 def _ints(text: str) -> list[int]:
@@ -37,6 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("-rep", "--n-repeat", type=int, default=5, help="measured repeats (default 5)")
     parser.add_argument("-load", "--loading-time", choices=["true", "false"], default="false",
                         help="also load each model 3 times and report the load time")
+    add_speculative_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -47,10 +49,11 @@ def run(args) -> int:
 
         models = [demo_model_dir()]
     precisions = [bench.parse_precision(p) for p in args.precision]
-    runtimes = bench.runtime_cases(models, args.backends, precisions, args.memory, args.threads)
+    runtimes = bench.runtime_cases(models, args.backends, precisions, args.memory, args.threads,
+                                   args.speculative or "")
     tests = bench.test_cases(args.n_prompt, args.n_gen, bench.parse_pairs(args.pg))
     loading = args.loading_time == "true"
-    table = bench.MarkdownTable(tests, loading)
+    table = bench.MarkdownTable(tests, loading, speculative=bool(args.speculative))
     print(table.header(), flush=True)
     bench.run(runtimes, tests, max(1, args.n_repeat), loading,
               on_result=lambda result: print(table.row(result), flush=True))
