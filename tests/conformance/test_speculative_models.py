@@ -6,11 +6,16 @@ checked row by row against one-token decoding.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tests.conformance.test_fixture_models import LOGIT_TOLERANCE, load
-from tests.conftest import MODEL_NAMES, reference
+from tests.conftest import FIXTURES, MODEL_NAMES, reference
 
 GREEDY = {"sampler_type": "greedy", "max_all_tokens": 4096}
 LOOKAHEAD = {**GREEDY, "speculative_type": "lookahead", "ngram_update": True}
@@ -65,3 +70,26 @@ def test_verify_rows_and_kv_remove_match_one_token_decoding(backend_type):
     after = np.asarray(spec.forward([block[2]]))[0, -1]
     assert np.abs(after - ar_rows[2]).max() <= scale
     assert spec.runtime.kv_meta.previous == len(prompt["ids"]) + 3
+
+
+def test_mnn_runtime_streams_the_same_lookahead_reply(tmp_path):
+    """MNN's own engine with speculative_type lookahead on the same folder: response() streams
+    exactly the bytes of mnngpu's lookahead tokens (skipped without the `mnn` wheel)."""
+    pytest.importorskip("MNN.llm")
+    name = MODEL_NAMES[-1]
+    ref, _ = reference(name)
+    prompts = [ref["prompts"][0]["text"], REPEATS * 6]
+    settings = {**LOOKAHEAD, "max_new_tokens": 40, "use_template": False}
+    out = tmp_path / "replies.json"
+    oracle = Path(__file__).resolve().parents[1] / "mnn_oracle.py"
+    # the wheel may crash on exit after writing its record; the record is what counts
+    subprocess.run([sys.executable, str(oracle), str(FIXTURES / name), "--replies", "--prompts-json",
+                    json.dumps(prompts), "--config-json", json.dumps(settings), "--json-out", str(out)],
+                   check=False, capture_output=True, timeout=300)
+    replies = json.loads(out.read_text())["replies"]
+    assert len(replies) == len(prompts) and all(reply["reply_hex"] for reply in replies)
+    model = load(name, "cpu", **settings)
+    for text, reply in zip(prompts, replies):
+        model.reset()
+        tokens = model.generate(model.tokenizer_encode(text))
+        assert b"".join(model.tokenizer.token_bytes(t) for t in tokens) == bytes.fromhex(reply["reply_hex"]), text
