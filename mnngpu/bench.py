@@ -7,7 +7,8 @@ The tests follow MNN's llm_bench (transformers/llm/engine/tools/llm_bench.cpp):
   speeds are reported.
 Every test runs `repeat + 1` times and drops the first (the warm-up). Decoding samples each token
 with the model's configured sampler, as llm_bench does, but ignores stop ids, so every repeat
-does the same work.
+does the same work. With a speculative strategy (`--speculative`), decoding runs that strategy
+through Llm.generate, and the table adds its draft acceptance rate and tokens per forward.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class RuntimeCase:
     precision: str
     memory: str
     threads: int
+    speculative: str = ""   # speculative_type; "" is AR
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class BenchResult:
     prefill_speeds: list[float] = field(default_factory=list)   # tok/s, one per repeat
     decode_speeds: list[float] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)   # speculative decoding only
+    tokens_per_forward: list[float] = field(default_factory=list)
 
     @property
     def speeds(self) -> list[float]:
@@ -97,9 +101,9 @@ def test_cases(n_prompt: list[int], n_gen: list[int], pairs: list[tuple[int, int
 
 
 def runtime_cases(models: list[Path], backends: list[str], precisions: list[str], memory: str,
-                  threads: list[int]) -> list[RuntimeCase]:
+                  threads: list[int], speculative: str = "") -> list[RuntimeCase]:
     """One per model load, in llm_bench's nesting (model, backend, precision, threads)."""
-    return [RuntimeCase(m, b, p, memory, t) for m in models for b in backends for p in precisions
+    return [RuntimeCase(m, b, p, memory, t, speculative) for m in models for b in backends for p in precisions
             for t in sorted(threads, reverse=True)]
 
 
@@ -108,7 +112,7 @@ def load_model(case: RuntimeCase):
 
     model = mnngpu_llm.create(case.model)
     model.set_config({"backend_type": case.backend, "precision": case.precision, "memory": case.memory,
-                      "thread_num": case.threads, "reuse_kv": False})
+                      "thread_num": case.threads, "reuse_kv": False, "speculative_type": case.speculative})
     model.load()
     return model
 
@@ -131,7 +135,25 @@ def _prefill(model, count: int):
     return logits, time.perf_counter() - start
 
 
+def _speculative_run(model, test: TestCase, result: BenchResult, keep: bool) -> None:
+    """One repeat through the strategy: the prompt, then n_gen tokens past any stop id."""
+    model.reset()
+    model.generate([BENCH_TOKEN] * max(1, test.n_prompt), test.n_gen, stop_ids=())
+    if not keep:
+        return
+    context, stats = model.context, model.strategy.stats
+    if test.n_prompt:
+        result.prefill_speeds.append(test.n_prompt / (context.prefill_us / 1e6))
+    result.decode_speeds.append(context.gen_seq_len / (context.decode_us / 1e6))
+    result.acceptance.append(stats.acceptance_rate)
+    result.tokens_per_forward.append(stats.tokens_per_forward)
+
+
 def run_test(model, test: TestCase, repeat: int, result: BenchResult) -> None:
+    if result.runtime.speculative and test.n_gen:
+        for index in range(repeat + 1):
+            _speculative_run(model, test, result, keep=index > 0)
+        return
     for index in range(repeat + 1):
         model.reset()
         logits, prefill_s = _prefill(model, max(1, test.n_prompt))
@@ -184,11 +206,13 @@ class MarkdownTable:
     """The header, separator and rows of llm_bench's table, each column as wide as its header and
     its usual values, so rows printed one by one line up (llm_bench's own widths do not)."""
 
-    def __init__(self, tests: list[TestCase], loading_time: bool = False):
+    def __init__(self, tests: list[TestCase], loading_time: bool = False, speculative: bool = False):
         speed = "speed(tok/s)" if any(t.shared_kv for t in tests) else "t/s"
         self.fields = ["model", "modelSize", "backend", "threads", "precision", "test", speed]
         if loading_time:
             self.fields.append("loadingTime(s)")
+        if speculative:
+            self.fields += ["acceptance", "tok/forward"]
 
     @staticmethod
     def width(name: str) -> int:
@@ -222,4 +246,7 @@ class MarkdownTable:
                   str(result.runtime.threads), PRECISION_NAMES[result.runtime.precision], test.name, speed]
         if "loadingTime(s)" in self.fields:
             values.append(_mean_std(result.load_seconds))
+        if "acceptance" in self.fields:
+            values += [f"{100 * statistics.fmean(result.acceptance):.1f} %" if result.acceptance else "-",
+                       f"{statistics.fmean(result.tokens_per_forward):.2f}" if result.tokens_per_forward else "-"]
         return self._line(values)

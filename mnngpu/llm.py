@@ -21,7 +21,8 @@ from mnngpu.backend import backend_class
 from mnngpu.config import ConfigWarning, LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
-from mnngpu.generation import ar
+from mnngpu.generation.factory import create_strategy
+from mnngpu.generation.steps import DecodeSteps
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
@@ -107,6 +108,7 @@ class Llm:
         self._loaded = False
         self._tokenizer = None
         self.prefix_cache: PrefixCache | None = None
+        self._verified: list[int] = []   # the last verify block, until discard()
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
@@ -137,10 +139,11 @@ class Llm:
         net = validate_model(cfg, self.embedding)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
+        self.strategy = create_strategy(cfg, net.output_names)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
         report("weights packed", 0, 1)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime, net=net)
-        self.pool = ModulePool(prefill, cfg.all_logits)
+        self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length)
         report("weights packed", 1, 1)
         self._loaded = True
         self.placement()   # every fallback known (or, under strict_device, refused) before the first token
@@ -204,16 +207,16 @@ class Llm:
                              field="max_all_tokens")
         return [int(i) for i in array]
 
-    def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
-        """One module forward over `ids` (at most one chunk). Returns logits [seq, vocab] with
-        all_logits, else the module's last row [1, vocab]. A fixed-shape backend pads a chunk
-        to PREFILL_LEN rows; the padded rows' keys are overwritten later and never attended to,
-        since KVMeta only adds the real count."""
+    def _run(self, ids: list[int], all_logits: bool, verify: bool = False) -> np.ndarray:
+        """One module forward over `ids` (at most one chunk; with `verify`, the verify module
+        and all logits). Returns logits [seq, vocab] with all_logits, else the module's last row
+        [1, vocab]. A fixed-shape backend pads a chunk to PREFILL_LEN rows; the padded rows' keys
+        are overwritten later and never attended to, since KVMeta only adds the real count."""
         meta = self.runtime.kv_meta
         seq = len(ids)
-        padded = self.runtime.fixed_shape and not (seq == 1 and not all_logits)
+        padded = self.runtime.fixed_shape and not verify and not (seq == 1 and not all_logits)
         rows = PREFILL_LEN if padded else seq
-        module = self.pool.select(seq, all_logits)
+        module = self.pool.verify() if verify else self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self.embedding.rows(ids)
         feeds = _feeds(embeds, meta.kept, all_logits)
@@ -295,22 +298,49 @@ class Llm:
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(ids)
 
+    def verify(self, ids) -> Logits:
+        """Logits [1, verify_length, vocab] for a speculative block of exactly verify_length ids,
+        in one forward of the pool's verify module. Its rows enter the KV cache until discard()."""
+        self._require_loaded()
+        ids = self._check_ids(ids)
+        if len(ids) != self.pool.verify_length:
+            raise InputError(f"a verify block is {self.pool.verify_length} ids (draft_predict_length + 1), "
+                             f"got {len(ids)}", field="input_ids")
+        logits = self._run(ids, all_logits=True, verify=True)
+        self._verified = ids
+        self.context.all_seq_len = self.runtime.kv_meta.previous
+        return np.ascontiguousarray(logits[None]).view(Logits)
+
+    def discard(self, keep: int) -> None:
+        """Keep only the first `keep` ids of the last verify block in the KV cache; the rest are
+        removed (KVMeta remove) before the next forward, without reallocating the cache."""
+        block = self._verified
+        if not 0 < keep <= len(block):
+            raise InputError(f"keep 1..{len(block)} ids of the verify block, got {keep}", field="keep")
+        self.runtime.kv_meta.remove = len(block) - keep
+        self.context.history_tokens.extend(block[:keep])
+        self.context.all_seq_len = self.runtime.kv_meta.kept
+        self._verified = []
+
     # ---- generation --------------------------------------------------------------------------
-    def _last_logits(self, ids: list[int]) -> np.ndarray:
-        logits = np.asarray(self.forward(ids))[0, -1]
+    def _finite(self, logits: np.ndarray) -> np.ndarray:
         if not np.isfinite(logits).all():
             raise ModelFormatError("the model computed non-finite logits (damaged weights?)",
                                    path=self.config.weight_path)
         return logits
 
-    def _room_left(self) -> bool:
-        """Whether one more token fits in max_all_tokens."""
-        return self.runtime.kv_meta.kept + 1 <= self.config.max_all_tokens
+    def _last_logits(self, ids: list[int]) -> np.ndarray:
+        return self._finite(np.asarray(self.forward(ids))[0, -1])
+
+    def _room_left(self, count: int = 1) -> bool:
+        """Whether `count` more tokens fit in max_all_tokens."""
+        return self.runtime.kv_meta.kept + count <= self.config.max_all_tokens
 
     def generate(self, ids, max_new_tokens: int | None = None, on_token=None, stop_ids=None) -> list[int]:
         """New ids after `ids`, until a stop id or max_new_tokens (the config's when None).
 
-        The stop ids are the tokenizer's, as in MNN, unless `stop_ids` names others."""
+        The stop ids are the tokenizer's, as in MNN, unless `stop_ids` names others (`()`: none,
+        running on past them as llm_bench does)."""
         self._require_loaded()
         limit = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
@@ -321,36 +351,40 @@ class Llm:
         timing = {"prefill": True, "t": time.perf_counter()}
         ctx = self.context
 
-        def forward(step_ids: list[int]) -> np.ndarray:
-            logits = self._last_logits(step_ids)
-            now = time.perf_counter()
-            key = "prefill_us" if timing["prefill"] else "decode_us"
-            setattr(ctx, key, getattr(ctx, key) + int((now - timing["t"]) * 1e6))
-            timing.update(prefill=False, t=now)
-            return logits
+        def timed(run):
+            def call(step_ids: list[int]) -> np.ndarray:
+                logits = run(step_ids)
+                now = time.perf_counter()
+                key = "prefill_us" if timing["prefill"] else "decode_us"
+                setattr(ctx, key, getattr(ctx, key) + int((now - timing["t"]) * 1e6))
+                timing.update(prefill=False, t=now)
+                return logits
+            return call
+
+        forward = timed(self._last_logits)
+        verify = timed(lambda block: self._finite(np.asarray(self.verify(block))[0]))
 
         def sample(logits: np.ndarray) -> int:
             token = int(self.sampler.sample(logits, history))
             history.append(token)
             return token
 
-        ended_on_stop_id = []
-
         def is_stop(token: int) -> bool:
-            stop = self.tokenizer.is_stop(token) if stop_ids is None else token in stop_ids
-            if stop:
-                ended_on_stop_id.append(token)
-            return stop
+            return self.tokenizer.is_stop(token) if stop_ids is None else token in stop_ids
 
         def on_new_token(token: int) -> bool:
             stop = bool(on_token(token)) if on_token is not None else False
-            return stop or not self._room_left()  # like MNN, a reply ends at max_all_tokens
+            # like MNN, a reply ends at max_all_tokens; `history` is the cache once this token is in it
+            return stop or len(history) > self.config.max_all_tokens
 
         ctx.prompt_len = len(prompt_ids)
         ctx.prefix_cached = reused
         ctx.gen_seq_len = 0
-        out = ar.generate(forward, sample, is_stop, prompt_ids[reused:], int(limit), on_new_token)
-        if out and not ended_on_stop_id and self._room_left():
+        steps = DecodeSteps(forward, sample, is_stop, history, on_new_token, verify, self.discard,
+                            self._room_left, self.tokenizer)
+        result = self.strategy.generate(steps, prompt_ids[reused:], int(limit))
+        out = result.tokens
+        if out and not result.ended_on_stop_id and self._room_left():
             forward([out[-1]])  # as in MNN, every emitted token enters the KV cache; only a stop id does not
         ctx.gen_seq_len = len(out)
         ctx.output_tokens = list(out)

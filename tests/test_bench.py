@@ -152,3 +152,13 @@ def test_compare_mnn_reports_both_engines():
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
     assert model is None or model in cpu_line
+
+
+def test_speculative_rows_report_acceptance_and_tokens_per_forward():
+    case = bench.RuntimeCase(MODEL, "cpu", "high", "low", 1, speculative="lookahead")
+    (result,) = bench.run([case], [bench.TestCase(12, 24, shared_kv=True)], repeat=1)
+    assert len(result.decode_speeds) == len(result.acceptance) == len(result.tokens_per_forward) == 1
+    assert 0.0 <= result.acceptance[0] <= 1.0 and result.tokens_per_forward[0] >= 1.0
+    table = bench.MarkdownTable([result.test], speculative=True)
+    assert table.header().splitlines()[0].split("|")[-3:-1] == [" acceptance ", " tok/forward "]
+    assert table.row(result).count("|") == table.header().splitlines()[0].count("|")

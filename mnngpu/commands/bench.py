@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from mnngpu import bench
+from mnngpu.commands.common import add_speculative_argument
 
 
 def _ints(text: str) -> list[int]:
@@ -47,6 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument("-rep", "--n-repeat", type=int, default=5, help="measured repeats (default 5)")
     parser.add_argument("-load", "--loading-time", choices=["true", "false"], default="false",
                         help="also load each model 3 times and report the load time")
+    add_speculative_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -57,10 +59,11 @@ def run(args) -> int:
 
         models = [demo_model_dir()]
     precisions = [bench.parse_precision(p) for p in args.precision]
-    runtimes = bench.runtime_cases(models, args.backends, precisions, args.memory, args.threads)
+    runtimes = bench.runtime_cases(models, args.backends, precisions, args.memory, args.threads,
+                                   args.speculative or "")
     tests = bench.test_cases(args.n_prompt, args.n_gen, bench.parse_pairs(args.pg))
     loading = args.loading_time == "true"
-    table = bench.MarkdownTable(tests, loading)
+    table = bench.MarkdownTable(tests, loading, speculative=bool(args.speculative))
     header = [table.header()]  # printed with the first row, after any load warnings
 
     def print_row(result) -> None:

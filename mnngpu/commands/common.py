@@ -38,6 +38,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-n", "--max-new-tokens", type=int)
 
 
+def add_speculative_argument(parser: argparse.ArgumentParser) -> None:
+    from mnngpu.generation.factory import SPECULATIVE_CHOICES
+
+    parser.add_argument("--speculative", choices=SPECULATIVE_CHOICES,
+                        help="speculative_type: decode with this strategy instead of one token per forward")
+
+
 def parse_override(item: str) -> tuple[str, object]:
     key, sep, value = item.partition("=")
     if not sep or not key:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from mnngpu.commands.common import add_model_arguments, load_model, print_stats
+from mnngpu.commands.common import add_model_arguments, add_speculative_argument, load_model, print_stats
 from mnngpu.errors import InputError
 
 DEFAULT_PROMPT = "Once upon a time"
@@ -20,6 +20,7 @@ def register(subparsers) -> None:
     parser.add_argument("-p", "--prompt", help="the prompt text (default: stdin when it is not a terminal, "
                                                f"else '{DEFAULT_PROMPT}')")
     parser.add_argument("--no-template", action="store_true", help="feed the prompt raw, without the chat template")
+    add_speculative_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -39,6 +40,8 @@ def run(args) -> int:
 
     prompt = read_prompt(args)
     extra = {"use_template": False} if args.no_template else {}
+    if args.speculative:
+        extra["speculative_type"] = args.speculative
     model = load_model(args, extra)
 
     def show(piece: str) -> None:
@@ -49,4 +52,8 @@ def run(args) -> int:
     generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)
     sys.stdout.write("\n")
     print_stats(model.context)
+    if args.speculative:
+        stats = model.strategy.stats
+        print(f"{args.speculative}: {100 * stats.acceptance_rate:.1f} % of drafts accepted, "
+              f"{stats.tokens_per_forward:.2f} tokens per decode forward", file=sys.stderr)
     return 0

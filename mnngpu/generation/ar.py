@@ -1,35 +1,27 @@
-"""Autoregressive generation: one token per forward, over any forward() callable.
-
-Kept apart from Llm so other strategies (lookahead, mtp, eagle) can sit beside it with the
-same signature.
-"""
+"""Autoregressive generation: one token per forward (MNN's ArGeneration)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
+from mnngpu.generation.steps import DecodeSteps, GenerationStats, Output
 
 
-def generate(forward: Callable[[list[int]], np.ndarray], sample: Callable[[np.ndarray], int],
-             is_stop: Callable[[int], bool], prompt_ids: list[int], max_new_tokens: int,
-             on_token: Callable[[int], bool | None] | None = None) -> list[int]:
-    """Prefill `prompt_ids`, then decode until a stop id or `max_new_tokens` new tokens.
+class ArGeneration:
+    name = "ar"
+    verify_length = 0   # AR needs no verify module in the pool
 
-    `forward(ids)` returns the last position's logits [vocab]. `on_token(id)` sees each new
-    token as it comes; returning True stops generation (e.g. a client went away).
-    The stop id itself is not returned.
-    """
-    out: list[int] = []
-    if max_new_tokens <= 0:
+    def __init__(self) -> None:
+        self.stats = GenerationStats()
+
+    def generate(self, steps: DecodeSteps, prompt_ids: list[int], max_new_tokens: int) -> Output:
+        """Prefill `prompt_ids`, then decode until the Output ends. The last token returned is
+        not in the KV cache yet (every other one is)."""
+        self.stats = GenerationStats()
+        out = Output(steps, max_new_tokens)
+        if max_new_tokens <= 0:
+            return out
+        logits = steps.forward(prompt_ids)
+        while not out.take(steps.sample(logits)):
+            logits = steps.forward([out.tokens[-1]])
+            self.stats.decode_forwards += 1
+            self.stats.decode_tokens += 1
         return out
-    logits = forward(prompt_ids)
-    while True:
-        token = sample(logits)
-        if is_stop(token):
-            break
-        out.append(token)
-        if (on_token is not None and on_token(token)) or len(out) >= max_new_tokens:
-            break
-        logits = forward([token])
-    return out

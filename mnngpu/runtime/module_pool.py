@@ -1,8 +1,10 @@
-"""ModulePool: the prefill and decode modules an Llm switches between.
+"""ModulePool: the prefill, decode and verify modules an Llm switches between.
 
-As in MNN: the prefill module is keyed (prefill_len, all_logits) and the decode module is a
-clone keyed (1, False), sharing the packed weights and the KV cache. A fixed-shape backend
-resizes each one once; prompts are then fed in chunks of prefill_len.
+As in MNN: the prefill module is keyed (prefill_len, all_logits), the decode module is a
+clone keyed (1, False), and a speculative strategy adds a verify clone keyed
+(verify_length, True) that returns every row's logits. Clones share the packed weights and the
+KV cache. A fixed-shape backend resizes each one once; prompts are then fed in chunks of
+prefill_len, and a verify block is always verify_length ids.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ PREFILL_LEN = 100
 
 
 class ModulePool:
-    def __init__(self, prefill: NetModule, all_logits: bool):
+    def __init__(self, prefill: NetModule, all_logits: bool, verify_length: int = 0):
         self.modules: dict[tuple[int, bool], NetModule] = {(PREFILL_LEN, all_logits): prefill,
                                                            (1, False): prefill.clone()}
         self.all_logits = all_logits
+        self.verify_length = verify_length
+        if verify_length:
+            self.modules[(verify_length, True)] = prefill.clone()
 
     def select(self, seq_len: int, all_logits: bool) -> NetModule:
         if seq_len == 1 and not all_logits:
@@ -25,3 +30,6 @@ class ModulePool:
         if key not in self.modules:
             self.modules[key] = self.modules[(1, False)].clone()
         return self.modules[key]
+
+    def verify(self) -> NetModule:
+        return self.modules[(self.verify_length, True)]
