@@ -1,7 +1,7 @@
 """`mnngpu run [MODEL] -p PROMPT`: stream one reply, then llm_demo's statistics.
 
-Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`),
-and is DEFAULT_PROMPT on a terminal.
+Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`);
+on a terminal, or when stdin holds no text (/dev/null), it is DEFAULT_PROMPT, as --help says.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 from mnngpu.commands.common import add_model_arguments, add_speculative_argument, load_model, print_stats
-from mnngpu.errors import InputError
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -17,8 +16,8 @@ DEFAULT_PROMPT = "Once upon a time"
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="generate a reply to one prompt")
     add_model_arguments(parser)
-    parser.add_argument("-p", "--prompt", help="the prompt text (default: stdin when it is not a terminal, "
-                                               f"else '{DEFAULT_PROMPT}')")
+    parser.add_argument("-p", "--prompt", help="the prompt text (default: stdin when it is not a terminal and "
+                                               f"holds text, else '{DEFAULT_PROMPT}')")
     parser.add_argument("--no-template", action="store_true", help="feed the prompt raw, without the chat template")
     add_speculative_argument(parser)
     parser.set_defaults(func=run)
@@ -29,20 +28,17 @@ def read_prompt(args) -> str:
         return args.prompt
     if sys.stdin is None or sys.stdin.isatty():
         return DEFAULT_PROMPT
-    text = sys.stdin.read().rstrip("\n")
-    if not text:
-        raise InputError("stdin held no prompt; pass one with -p", field="prompt")
-    return text
+    return sys.stdin.read().rstrip("\n") or DEFAULT_PROMPT
 
 
 def run(args) -> int:
     from mnngpu.chat import PromptCache, generate_reply
 
-    prompt = read_prompt(args)
     extra = {"use_template": False} if args.no_template else {}
     if args.speculative:
         extra["speculative_type"] = args.speculative
     model = load_model(args, extra)
+    prompt = read_prompt(args)  # after the model, so that a bad folder is reported first
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
