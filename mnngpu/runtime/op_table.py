@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnngpu.backend import Node, Tensor
-from mnngpu.errors import ModelFormatError
+from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
+from mnngpu.errors import BackendUnavailableError, ModelFormatError
 from mnngpu.runtime import host_ops, shapes
 
 FUSED_PREFIX = "fused."
@@ -111,9 +111,6 @@ def graph_op_types() -> frozenset[str]:
 
 def implemented_by(op_type: str) -> list[str]:
     """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
-    from mnngpu.backend import REGISTRY, backend_class
-    from mnngpu.errors import BackendUnavailableError
-
     found = []
     for backend_type in REGISTRY:
         try:
