@@ -93,6 +93,32 @@ def without_convolution(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def vulkan_wider_groups(monkeypatch):
+    """Vulkan's linear kernels as if they read inputs in groups of 256: no layer of the fixture
+    (widths 128 and 192) is packable, so each is declined for its width, at load as on a device
+    whose kernels cannot take it."""
+    backend_or_skip("vulkan")
+    from mnngpu.backends.vulkan.ops import matmul
+
+    monkeypatch.setattr(matmul, "GROUP", 256)
+    return "vulkan"
+
+
+def test_widths_the_kernels_cannot_take_fall_back_match_and_are_reported(vulkan_wider_groups, capsys):
+    model = load("vulkan")
+    fallbacks = model.placement().fallbacks
+    assert fallbacks and all(re.fullmatch(r"input width \d+ is not a multiple of 256", p.reason) for p in fallbacks)
+    ref, first_logits = fixture_reference(MODEL)
+    logits = np.asarray(model.forward(ref["prompts"][0]["ids"]))[0, -1]
+    assert np.abs(logits - first_logits[0]).max() <= 1e-3 * first_logits[0].std()
+    assert f", {len(fallbacks)} ops fell back to the CPU" in ready_line(model, 0.1)
+    assert main(["inspect", str(FIXTURES / MODEL), "--backend", "vulkan"]) == 0
+    assert "(declined: input width 128 is not a multiple of 256)" in capsys.readouterr().out
+    with pytest.raises(BackendUnavailableError, match="strict_device=true: .* input width"):
+        load("vulkan", strict_device=True)
+
+
 def load(backend_type: str, **overrides):
     model = mnngpu_llm.create(FIXTURES / MODEL)
     model.set_config({"backend_type": backend_type, "precision": "high", "thread_num": 2, **overrides})
