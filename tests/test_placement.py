@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from functools import partial
 
@@ -153,7 +154,28 @@ def test_strict_device_refuses_the_removed_op_at_load(without_convolution):
         load(without_convolution, strict_device=True)
 
 
-def test_no_fallback_on_the_full_tables():
+def test_no_fallback_on_the_full_tables(capsys):
     model = load("cpu")
     assert not model.placement().fallbacks
     assert "fell back" not in ready_line(model, 0.1)
+    assert main(["inspect", str(FIXTURES / MODEL), "--backend", "cpu", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["device"] == "cpu" and {row["backend"] for row in info["placement"]} == {"cpu", "host"}
+    assert sum(row["op_type"] == "Attention" for row in info["placement"]) == 2
+
+
+def test_vulkan_says_when_it_runs_on_a_cpu_device_or_without_fp16(monkeypatch, recwarn):
+    from mnngpu import backend as backend_module
+    from mnngpu.backend import DeviceWarning
+
+    device = backend_or_skip("vulkan").device
+    backend_module._warned.clear()
+    monkeypatch.setattr(device, "fp16", False)
+    monkeypatch.setattr(device, "is_cpu", True)
+    from mnngpu.backends.vulkan import VulkanBackend
+
+    for _ in range(2):
+        VulkanBackend(BackendConfig(precision="low"))
+    lines = [str(w.message) for w in recwarn if w.category is DeviceWarning]
+    assert len(lines) == 2   # one line each, not one per backend
+    assert "a CPU device" in lines[0] and "precision 'low' runs in fp32" in lines[1]
