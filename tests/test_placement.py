@@ -73,6 +73,7 @@ def test_vulkan_declines_a_width_not_a_multiple_of_8_and_the_cpu_runs_it():
                            1e-5)
     (fallback,) = table.fallbacks
     assert fallback.node == "fc12" and "input width 12 is not a multiple of 8" in fallback.reason
+    assert not backend.supports(node, tensors[:1], tensors[1:]) and holder.supports(node, tensors[:1], tensors[1:])
 
 
 def test_strict_device_refuses_the_fallback():

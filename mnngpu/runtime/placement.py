@@ -82,10 +82,12 @@ class PlacementTable:
         return "\n".join(lines)
 
 
-def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend, cpu_backup: Backend,
-           strict: bool = False) -> list[Assignment]:
+def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend,
+           cpu_backup: Backend) -> list[Assignment]:
     """Decide where every op runs; fills `tensors` (inputs and constants given) with every op's
-    outputs: shapes and dtypes, and values where folded. Makes no Execution and no buffer."""
+    outputs: shapes and dtypes, and values where folded. Makes no Execution and no buffer.
+    Under the backend config's strict_device, a fallback raises instead."""
+    strict = bool(getattr(backend.config, "strict_device", False))
     assignments = []
     for op in ops:
         inputs = [tensors[i] for i in op.inputs]
