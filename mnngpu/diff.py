@@ -41,12 +41,12 @@ class OpDiff:
 
 def op_outputs(model, ids: list[int]) -> list[OpOutput]:
     """Every executed op's outputs for one prefill of `ids` on a model from load_for_diff."""
-    from mnngpu.llm import _feeds
+    from mnngpu.llm import graph_feeds
 
     model.reset()
     embeds = model.embedding.rows(ids).reshape(len(ids), 1, -1).astype(np.float32)
     session = model.pool.select(len(ids), False).session
-    feeds = _feeds(embeds, 0, all_logits=False)
+    feeds = graph_feeds(embeds, 0, all_logits=False)
     meta = model.runtime.kv_meta
     meta.add = len(ids)
     session.run(feeds, ["logits"])
@@ -107,7 +107,6 @@ def diff_backends(path, backends: list[str], ids: list[int] | None = None, promp
         ids = models[0].tokenizer_encode(prompt)
     if not ids:
         raise InputError("the prompt encodes to no tokens", field="--prompt")
-    ids = models[0]._check_ids(ids)
     runs = [op_outputs(model, ids) for model in models]
     net = models[0].pool.select(len(ids), False).pipeline_module.static_module.net
     return ids, compare(runs[0], runs[1], net.tensor_names)

@@ -33,7 +33,7 @@ from mnngpu.tokenizer import load_tokenizer
 from mnngpu.validate import validate_model
 
 
-def _feeds(embeds: np.ndarray, first_position: int, all_logits: bool) -> dict[str, np.ndarray]:
+def graph_feeds(embeds: np.ndarray, first_position: int, all_logits: bool) -> dict[str, np.ndarray]:
     """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`."""
     rows = embeds.shape[0]
     positions = (first_position + np.arange(rows, dtype=np.int32)).reshape(1, rows)
@@ -219,7 +219,7 @@ class Llm:
         module = self.pool.verify() if verify else self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self.embedding.rows(ids)
-        feeds = _feeds(embeds, meta.kept, all_logits)
+        feeds = graph_feeds(embeds, meta.kept, all_logits)
         meta.add = seq
         (logits,) = module.forward(feeds, ["logits"])
         meta.sync()
@@ -231,7 +231,7 @@ class Llm:
         self._require_loaded()
         for (rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
-            module.session.place(_feeds(embeds, 0, all_logits))
+            module.session.place(graph_feeds(embeds, 0, all_logits))
         return self.runtime.placements
 
     def _rows_per_run(self, count: int) -> int:

@@ -16,32 +16,16 @@ or a wrong shape at the first forward:
 
 from __future__ import annotations
 
-from mnngpu.backend import backend_class
 from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
-from mnngpu.runtime.fusion import FUSED_PREFIX
-from mnngpu.runtime.host_ops import HOST_OPS
+from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 
 # The graph inputs Llm feeds at every forward, and the output it reads.
 FEEDS = ("input_ids", "attention_mask", "position_ids", "logits_index")
 LOGITS = "logits"
 
-# op type -> the OpParameter table its readers expect (MNN.fbs pairs them so).
-PARAM_OF_OP = {
-    "Input": "Input", "Const": "Blob", "Convolution": "Convolution2D", "LayerNorm": "LayerNorm",
-    "Attention": "AttentionParam", "BinaryOp": "BinaryOp", "UnaryOp": "UnaryOp", "Cast": "CastParam",
-    "Concat": "Axis", "Reshape": "Reshape", "Squeeze": "SqueezeParam", "Unsqueeze": "SqueezeParam",
-    "StridedSlice": "StridedSliceParam", "GatherV2": "GatherV2", "ConvertTensor": "TensorConvertInfo",
-}
-# Ops whose parameter table is read unconditionally; the rest fall back to defaults (or, for
-# Reshape, Squeeze and Unsqueeze, to their second input) when it is absent.
-PARAM_REQUIRED = frozenset({"Input", "Const", "Convolution", "LayerNorm", "Attention", "BinaryOp", "UnaryOp",
-                            "Cast", "Concat"})
-PARAM_REQUIRED_WITH_ONE_INPUT = frozenset({"Reshape", "Unsqueeze"})
-MIN_INPUTS = {"BinaryOp": 2, "GatherV2": 2, "Gather": 2, "StridedSlice": 3, "Attention": 3}
-SOURCE_OPS = frozenset({"Input", "Const"})  # no inputs, exactly one output
 
 
 def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
@@ -56,10 +40,8 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
 # ---- the graph on its own ----------------------------------------------------------------
 
 def runnable_op_types() -> set[str]:
-    """The MNN op types a graph may use: the CPU backend backs up every other backend, so what it
-    runs (less the engine's own fused node types, which no graph names) plus the host-folded ops."""
-    cpu = {op for op in backend_class("cpu").executions if not op.startswith(FUSED_PREFIX)}
-    return HOST_OPS | cpu | SOURCE_OPS
+    """The op types a graph may use: the op table's (less the engine's own fused nodes) and the sources."""
+    return set(graph_op_types()) | set(SOURCES)
 
 
 def check_graph(net: Net) -> None:
@@ -86,10 +68,15 @@ def check_graph(net: Net) -> None:
 
 
 def _check_param(net: Net, op: Op, where: str) -> None:
-    expected = PARAM_OF_OP.get(op.type)
+    if op.type in SOURCES:
+        expected, required = SOURCES[op.type], True
+    else:
+        spec = OPS[op.type]
+        expected = spec.param
+        required = spec.param_required == ALWAYS or (spec.param_required == WITHOUT_SECOND_INPUT
+                                                     and len(op.inputs) < 2)
     if expected is None:
         return
-    required = op.type in PARAM_REQUIRED or (op.type in PARAM_REQUIRED_WITH_ONE_INPUT and len(op.inputs) < 2)
     if op.param is None and not required:
         return
     if op.param_type != expected or op.param is None:
@@ -97,12 +84,12 @@ def _check_param(net: Net, op: Op, where: str) -> None:
 
 
 def _check_arity(net: Net, op: Op, where: str) -> None:
-    if op.type in SOURCE_OPS:
+    if op.type in SOURCES:
         if op.inputs or len(op.outputs) != 1:
             raise _error(net, f"a {op.type} op with no inputs and one output, got {len(op.inputs)} and "
                               f"{len(op.outputs)}", where)
         return
-    need = MIN_INPUTS.get(op.type, 1)
+    need = OPS[op.type].min_inputs
     if len(op.inputs) < need or not op.outputs:
         raise _error(net, f"a {op.type} op with at least {need} input(s) and an output, got {len(op.inputs)} "
                           f"and {len(op.outputs)}", where)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from functools import partial
 
@@ -72,6 +73,7 @@ def test_vulkan_declines_a_width_not_a_multiple_of_8_and_the_cpu_runs_it():
                            1e-5)
     (fallback,) = table.fallbacks
     assert fallback.node == "fc12" and "input width 12 is not a multiple of 8" in fallback.reason
+    assert not backend.supports(node, tensors[:1], tensors[1:]) and holder.supports(node, tensors[:1], tensors[1:])
 
 
 def test_strict_device_refuses_the_fallback():
@@ -91,6 +93,32 @@ def without_convolution(request, monkeypatch):
     table = {op: cls for op, cls in type(backend).executions.items() if op != "Convolution"}
     monkeypatch.setattr(type(backend), "executions", table)
     return request.param
+
+
+@pytest.fixture
+def vulkan_wider_groups(monkeypatch):
+    """Vulkan's linear kernels as if they read inputs in groups of 256: no layer of the fixture
+    (widths 128 and 192) is packable, so each is declined for its width, at load as on a device
+    whose kernels cannot take it."""
+    backend_or_skip("vulkan")
+    from mnngpu.backends.vulkan.ops import matmul
+
+    monkeypatch.setattr(matmul, "GROUP", 256)
+    return "vulkan"
+
+
+def test_widths_the_kernels_cannot_take_fall_back_match_and_are_reported(vulkan_wider_groups, capsys):
+    model = load("vulkan")
+    fallbacks = model.placement().fallbacks
+    assert fallbacks and all(re.fullmatch(r"input width \d+ is not a multiple of 256", p.reason) for p in fallbacks)
+    ref, first_logits = fixture_reference(MODEL)
+    logits = np.asarray(model.forward(ref["prompts"][0]["ids"]))[0, -1]
+    assert np.abs(logits - first_logits[0]).max() <= 1e-3 * first_logits[0].std()
+    assert f", {len(fallbacks)} ops fell back to the CPU" in ready_line(model, 0.1)
+    assert main(["inspect", str(FIXTURES / MODEL), "--backend", "vulkan"]) == 0
+    assert "(declined: input width 128 is not a multiple of 256)" in capsys.readouterr().out
+    with pytest.raises(BackendUnavailableError, match="strict_device=true: .* input width"):
+        load("vulkan", strict_device=True)
 
 
 def load(backend_type: str, **overrides):
@@ -127,7 +155,28 @@ def test_strict_device_refuses_the_removed_op_at_load(without_convolution):
         load(without_convolution, strict_device=True)
 
 
-def test_no_fallback_on_the_full_tables():
+def test_no_fallback_on_the_full_tables(capsys):
     model = load("cpu")
     assert not model.placement().fallbacks
     assert "fell back" not in ready_line(model, 0.1)
+    assert main(["inspect", str(FIXTURES / MODEL), "--backend", "cpu", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["device"] == "cpu" and {row["backend"] for row in info["placement"]} == {"cpu", "host"}
+    assert sum(row["op_type"] == "Attention" for row in info["placement"]) == 2
+
+
+def test_vulkan_says_when_it_runs_on_a_cpu_device_or_without_fp16(monkeypatch, recwarn):
+    from mnngpu import backend as backend_module
+    from mnngpu.backend import DeviceWarning
+
+    device = backend_or_skip("vulkan").device
+    backend_module._warned.clear()
+    monkeypatch.setattr(device, "fp16", False)
+    monkeypatch.setattr(device, "is_cpu", True)
+    from mnngpu.backends.vulkan import VulkanBackend
+
+    for _ in range(2):
+        VulkanBackend(BackendConfig(precision="low"))
+    lines = [str(w.message) for w in recwarn if w.category is DeviceWarning]
+    assert len(lines) == 2   # one line each, not one per backend
+    assert "a CPU device" in lines[0] and "precision 'low' runs in fp32" in lines[1]

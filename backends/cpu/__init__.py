@@ -34,8 +34,7 @@ from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linea
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
 from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
 from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
-from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: E402
-from mnngpu.runtime.host_ops import HOST_OPS, SHAPE_OPS  # noqa: E402
+from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, OPS, ROPE  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
 
@@ -54,7 +53,7 @@ def _owns_memory(array) -> bool:
 class CPUBackend(Backend):
     type = "cpu"
     fixed_shape = False
-    executions = {**{op: HostOpExecution for op in HOST_OPS - SHAPE_OPS},
+    executions = {**{name: HostOpExecution for name, op in OPS.items() if op.host and not op.shape_only},
                   **{op: ViewExecution for op in VIEW_OPS},
                   "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
                   "Convolution": CPULinear, LINEAR_GROUP: CPULinear, GATED_LINEAR: CPUGatedLinear,

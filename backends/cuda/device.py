@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mnngpu.errors import BackendUnavailableError
 from mnngpu.shaders import shader_path
+
+from mnngpu.errors import BackendUnavailableError
 
 log = logging.getLogger("mnngpu.cuda")
 

@@ -7,8 +7,9 @@ which runs them now or leaves them to the pipeline's CUDA graph.
 
 from __future__ import annotations
 
-from mnngpu.backend import Execution, Node
 from mnngpu.backends.cuda.device import Launch
+
+from mnngpu.backend import Execution, Node
 
 
 class CudaExecution(Execution):

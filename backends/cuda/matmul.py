@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.execution import CudaExecution
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from mnngpu.backends.cuda.execution import CudaExecution
 
 from mnngpu.backend import Node
-from mnngpu.backends.cuda.execution import CudaExecution
 
 
 def pack_norm(backend, node: Node) -> None:

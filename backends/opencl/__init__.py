@@ -35,8 +35,8 @@ from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecu
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.opencl.ops.rope import RoPEExecution
 from mnngpu.errors import ConfigError
-from mnngpu.runtime.fusion import ROPE
 from mnngpu.runtime.module_pool import PREFILL_LEN
+from mnngpu.runtime.op_table import ROPE
 
 FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
 DEFAULT_MAX_TOKENS = 2048

@@ -14,7 +14,7 @@ kernels sees the graph as exported. The fused node types (each named with FUSED_
   backend can evaluate them as exported when the check fails.
 
 Every fused node keeps the original nodes (`param.members` / `param.ops`), with their packed
-weights, and `SHAPE_RULES` gives its output shapes from theirs.
+weights; runtime/op_table.py names the fused types and gives their shape rules.
 """
 
 from __future__ import annotations
@@ -24,13 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import Node, Tensor
-from mnngpu.runtime import host_ops, shapes
+from mnngpu.runtime import host_ops, op_table
 from mnngpu.runtime.graph import GraphOp
-
-# The "fused." prefix keeps these apart from MNN's op types (MNN has its own RoPE, 306): no
-# MNN op type contains a dot, so a graph can never name one of them.
-FUSED_PREFIX = "fused."
-LINEAR_GROUP, GATED_LINEAR, ROPE = (FUSED_PREFIX + name for name in ("LinearGroup", "GatedLinear", "RoPE"))
+from mnngpu.runtime.op_table import FUSED_PREFIX, GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: F401 (fusion.ROPE, ...)
 
 
 @dataclass
@@ -208,17 +204,6 @@ def evaluate_rope_ops(node: Node, values: list[np.ndarray]) -> np.ndarray:
     p: RoPEParam = node.param
     env = dict(zip(p.inputs, values))
     for op in p.ops:
-        results = host_ops.evaluate(op.node, [env[t] for t in op.inputs])
+        results = op_table.evaluate(op.node, [env[t] for t in op.inputs])
         env.update(zip(op.outputs, results))
     return env[p.output]
-
-
-def _group_shapes(node: Node, inputs: list[Tensor]):
-    return [shapes.infer(member, inputs[:1])[0] for member in node.param.members]
-
-
-SHAPE_RULES = {
-    LINEAR_GROUP: _group_shapes,
-    GATED_LINEAR: lambda node, inputs: _group_shapes(node, inputs)[:1],
-    ROPE: lambda node, inputs: [(inputs[0].shape, inputs[0].dtype)],
-}

@@ -1,7 +1,8 @@
-"""Numpy semantics of MNN's data-movement and elementwise ops, written once.
+"""Numpy semantics of MNN's data-movement and elementwise ops, written once: one function
+(node, input values) -> output value per op type, named in runtime/op_table.py.
 
-The Pipeline uses these to fold ops whose inputs are all known on the host (shape
-arithmetic, constants); the CPU backend runs the same functions on real activations.
+Placement uses these to fold ops whose inputs are all known on the host (shape arithmetic,
+constants); the CPU backend runs the same functions on real activations.
 Layouts are logical NCHW: an NC4HW4 tensor holds the same values, so ConvertTensor is the
 identity here.
 """
@@ -180,30 +181,29 @@ def shape_stand_in(tensor) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=tensor.dtype), tensor.shape)
 
 
-def evaluate(node, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run one host-evaluable op; returns its outputs."""
-    op = node.type
-    if op == "Shape":
-        return [np.array(inputs[0].shape, dtype=INT)]
-    if op == "Rank":
-        return [np.array(inputs[0].ndim, dtype=INT)]
-    if op == "Size":
-        return [np.array(inputs[0].size, dtype=INT)]
-    if op == "Reshape":
-        return [inputs[0].reshape(reshape_shape(inputs[0].shape, reshape_dims(node, inputs)))]
-    if op in ("ConvertTensor", "Identity"):
-        return [inputs[0]]
-    if op == "BinaryOp":
-        return [binary(node, inputs[0], inputs[1])]
-    if op == "UnaryOp":
-        return [unary(node, inputs[0])]
-    simple = {"Squeeze": squeeze, "Unsqueeze": unsqueeze, "StridedSlice": strided_slice,
-              "GatherV2": gather, "Gather": gather, "Concat": concat, "Cast": cast}
-    if op in simple:
-        return [simple[op](node, inputs)]
-    raise ModelFormatError(f"op type {op} cannot be evaluated on the host", field=node.name)
+def shape(node, inputs):
+    return np.array(inputs[0].shape, dtype=INT)
 
 
-SHAPE_OPS = frozenset({"Shape", "Rank", "Size"})  # read only their input's shape: always folded
-HOST_OPS = frozenset({"Shape", "Rank", "Size", "Reshape", "ConvertTensor", "Identity", "BinaryOp", "UnaryOp",
-                      "Squeeze", "Unsqueeze", "StridedSlice", "GatherV2", "Gather", "Concat", "Cast"})
+def rank(node, inputs):
+    return np.array(inputs[0].ndim, dtype=INT)
+
+
+def size(node, inputs):
+    return np.array(inputs[0].size, dtype=INT)
+
+
+def reshape(node, inputs):
+    return inputs[0].reshape(reshape_shape(inputs[0].shape, reshape_dims(node, inputs)))
+
+
+def identity(node, inputs):
+    return inputs[0]
+
+
+def binary_op(node, inputs):
+    return binary(node, inputs[0], inputs[1])
+
+
+def unary_op(node, inputs):
+    return unary(node, inputs[0])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Node, Tensor
-from mnngpu.runtime import host_ops
+from mnngpu.runtime import host_ops, op_table
 
 
 def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
@@ -75,7 +75,7 @@ def gather_sources(node: Node, inputs: list[Tensor]) -> np.ndarray:
     """For a slice or gather whose other inputs are host-known: the flat input index each
     output element reads, shaped like the output."""
     stand_in = index_stand_in(inputs[0].shape)
-    return np.asarray(host_ops.evaluate(node, [stand_in, *(t.host for t in inputs[1:])])[0])
+    return np.asarray(op_table.evaluate(node, [stand_in, *(t.host for t in inputs[1:])])[0])
 
 
 def concat_destinations(node: Node, inputs: list[Tensor]) -> list[np.ndarray]:

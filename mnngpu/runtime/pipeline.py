@@ -49,8 +49,7 @@ class Pipeline:
     def resize(self, tensors: list[Tensor | None]) -> None:
         """`tensors` holds the graph inputs and constants; fills in every other tensor."""
         self.steps = []
-        strict = bool(getattr(self.backend.config, "strict_device", False))
-        self.assignments = placement.assign(self.ops, tensors, self.backend, self.cpu_backup, strict)
+        self.assignments = placement.assign(self.ops, tensors, self.backend, self.cpu_backup)
         if self.placements is not None:
             self.placements.record(self.assignments)
         for backend in {self.backend, self.cpu_backup}:

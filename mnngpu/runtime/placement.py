@@ -19,7 +19,7 @@ import numpy as np
 
 from mnngpu.backend import Backend, Node, Tensor
 from mnngpu.errors import BackendUnavailableError, ModelFormatError
-from mnngpu.runtime import host_ops, shapes
+from mnngpu.runtime import host_ops, op_table
 from mnngpu.runtime.graph import GraphOp, op_errors_named
 
 HOST = "host"   # the placement of an op folded on the host at resize
@@ -82,19 +82,21 @@ class PlacementTable:
         return "\n".join(lines)
 
 
-def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend, cpu_backup: Backend,
-           strict: bool = False) -> list[Assignment]:
+def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend,
+           cpu_backup: Backend) -> list[Assignment]:
     """Decide where every op runs; fills `tensors` (inputs and constants given) with every op's
-    outputs: shapes and dtypes, and values where folded. Makes no Execution and no buffer."""
+    outputs: shapes and dtypes, and values where folded. Makes no Execution and no buffer.
+    Under the backend config's strict_device, a fallback raises instead."""
+    strict = bool(getattr(backend.config, "strict_device", False))
     assignments = []
     for op in ops:
         inputs = [tensors[i] for i in op.inputs]
         with op_errors_named(op.node, "does not fit its inputs"):
-            if _foldable(op.node, inputs):
+            if op_table.foldable(op.node, inputs):
                 assignment = Assignment(op, inputs, _fold(op.node, inputs), None)
             else:
                 outputs = [Tensor(tuple(int(d) for d in shape), np.dtype(dtype), name=op.node.name)
-                           for shape, dtype in shapes.infer(op.node, inputs)]
+                           for shape, dtype in op_table.infer(op.node, inputs)]
                 chosen, reason = choose(op.node, inputs, outputs, backend, cpu_backup, strict)
                 assignment = Assignment(op, inputs, outputs, chosen, reason)
         for index, tensor in zip(op.outputs, assignment.outputs):
@@ -103,13 +105,8 @@ def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend, c
     return assignments
 
 
-def _foldable(node: Node, inputs: list[Tensor]) -> bool:
-    return node.type in host_ops.SHAPE_OPS or (
-        node.type in host_ops.HOST_OPS and all(t.host is not None for t in inputs))
-
-
 def _fold(node: Node, inputs: list[Tensor]) -> list[Tensor]:
-    values = host_ops.evaluate(node, [t.host if t.host is not None else host_ops.shape_stand_in(t) for t in inputs])
+    values = op_table.evaluate(node, [t.host if t.host is not None else host_ops.shape_stand_in(t) for t in inputs])
     return [Tensor(np.shape(v), np.asarray(v).dtype, name=node.name, host=np.asarray(v)) for v in values]
 
 

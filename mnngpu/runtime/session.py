@@ -79,8 +79,7 @@ class Session:
     def place(self, feeds: dict[str, np.ndarray]) -> list[Assignment]:
         """Where each op would run for inputs shaped as `feeds`, without resizing (recorded in the
         placement table; under strict_device a fallback raises here)."""
-        strict = bool(getattr(self.backend.config, "strict_device", False))
-        assignments = placement.assign(self.ops, self._graph_tensors(feeds), self.backend, self.cpu_backup, strict)
+        assignments = placement.assign(self.ops, self._graph_tensors(feeds), self.backend, self.cpu_backup)
         if self.placements is not None:
             self.placements.record(assignments)
         return assignments

@@ -1,8 +1,6 @@
-"""Shape inference for every op the engine runs, backend-agnostic.
-
-`infer(node, inputs)` returns each output's (shape, dtype) from the input shapes and the
-host values of shape-like inputs (Reshape targets, slice bounds, axes), which the Pipeline
-folds on the host first.
+"""Shape rules, backend-agnostic: each gives an op's outputs' (shape, dtype) from its input
+shapes and the host values of shape-like inputs (Reshape targets, slice bounds, axes), which
+placement folds on the host first. runtime/op_table.py says which rule each op type takes.
 """
 
 from __future__ import annotations
@@ -59,33 +57,59 @@ def _concat(node: Node, inputs: list[Tensor]) -> Shape:
     return tuple(shape)
 
 
-def infer(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
-    op = node.type
-    x = inputs[0] if inputs else None
-    if op in ("Shape", "Rank", "Size"):
-        return [((len(x.shape),) if op == "Shape" else (), INT)]
-    if op in ("ConvertTensor", "Identity", "LayerNorm", "UnaryOp"):
-        return [(x.shape, x.dtype)]
-    if op == "Cast":
-        return [(x.shape, host_ops.DTYPES.get(node.param.dstT, FLOAT))]
-    if op == "BinaryOp":
-        return [(tuple(np.broadcast_shapes(x.shape, inputs[1].shape)), x.dtype)]
-    if op == "Reshape":
-        dims = host_ops.reshape_dims(node, [x, *_host_values(node, inputs, 1)])
-        return [(host_ops.reshape_shape(x.shape, dims), x.dtype)]
-    if op in ("Squeeze", "Unsqueeze", "StridedSlice"):
-        evaluator = {"Squeeze": host_ops.squeeze, "Unsqueeze": host_ops.unsqueeze,
-                     "StridedSlice": host_ops.strided_slice}[op]
-        return [(evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)]).shape, x.dtype)]
-    if op in ("GatherV2", "Gather"):
-        return [(_gather(node, inputs), x.dtype)]
-    if op == "Concat":
-        return [(_concat(node, inputs), x.dtype)]
-    if op == "Convolution":
-        return [(_convolution(node, inputs), FLOAT)]
-    if op == "Attention":
-        return [(_attention(node, inputs), FLOAT)]
-    from mnngpu.runtime.fusion import SHAPE_RULES  # fused node types; imported here: fusion imports us
-    if op in SHAPE_RULES:
-        return SHAPE_RULES[op](node, inputs)
-    raise ModelFormatError(f"op type {op} is not supported by mnngpu", field=node.name)
+def shape_of(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """Shape, Rank, Size: a small int tensor about the input's shape."""
+    return [((len(inputs[0].shape),) if node.type == "Shape" else (), INT)]
+
+
+def same(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """The input's shape and dtype (ConvertTensor, Identity, LayerNorm, UnaryOp)."""
+    return [(inputs[0].shape, inputs[0].dtype)]
+
+
+def cast(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(inputs[0].shape, host_ops.DTYPES.get(node.param.dstT, FLOAT))]
+
+
+def binary(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(tuple(np.broadcast_shapes(inputs[0].shape, inputs[1].shape)), inputs[0].dtype)]
+
+
+def reshape(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    x = inputs[0]
+    dims = host_ops.reshape_dims(node, [x, *_host_values(node, inputs, 1)])
+    return [(host_ops.reshape_shape(x.shape, dims), x.dtype)]
+
+
+def by_evaluation(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """Squeeze, Unsqueeze, StridedSlice: their host semantics run on a zero-cost stand-in."""
+    evaluator = {"Squeeze": host_ops.squeeze, "Unsqueeze": host_ops.unsqueeze,
+                 "StridedSlice": host_ops.strided_slice}[node.type]
+    x = inputs[0]
+    return [(evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)]).shape, x.dtype)]
+
+
+def gather(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(_gather(node, inputs), inputs[0].dtype)]
+
+
+def concat(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(_concat(node, inputs), inputs[0].dtype)]
+
+
+def convolution(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(_convolution(node, inputs), FLOAT)]
+
+
+def attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(_attention(node, inputs), FLOAT)]
+
+
+def linear_group(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """A fused node of Convolutions on one input: one output per member."""
+    return [convolution(member, inputs[:1])[0] for member in node.param.members]
+
+
+def gated_linear(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """up * silu(gate): the members' common output."""
+    return linear_group(node, inputs)[:1]

@@ -19,7 +19,7 @@ from mnngpu.backend import Backend, BackendConfig, Node, Tensor
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime import fusion, placement, shapes
+from mnngpu.runtime import fusion, op_table, placement
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.pipeline import Pipeline
 from tests import reference
@@ -112,7 +112,7 @@ class OneOp:
                  declined_by: tuple[str, ...] = ()):
         self.inputs = [Tensor(np.shape(a), np.asarray(a).dtype, f"in{i}", host=np.asarray(a) if i in host else None)
                        for i, a in enumerate(arrays)]
-        self.outputs = [Tensor(tuple(s), np.dtype(d), "out") for s, d in shapes.infer(node, self.inputs)]
+        self.outputs = [Tensor(tuple(s), np.dtype(d), "out") for s, d in op_table.infer(node, self.inputs)]
         keep_raw_weights(node)
         placement.rearrange_for(backend, node)   # at load, as static_module does
         reason = backend.decline(node, self.inputs, self.outputs)

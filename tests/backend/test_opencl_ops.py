@@ -16,7 +16,7 @@ pytest.importorskip("pyopencl")
 from mnngpu.backend import BackendConfig, Node, Tensor
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
-from mnngpu.runtime import shapes
+from mnngpu.runtime import op_table
 from mnngpu.runtime.kv import KVMeta
 from tests import reference
 from tests.backend.harness import KINDS, OneOp, close, make
@@ -89,7 +89,7 @@ def test_views_share_the_input_buffer(backend, op, param, extra, want):
     tensor = Tensor(x.shape, np.dtype(np.float32))
     backend.upload(tensor, x)
     inputs = [tensor] + [Tensor(e.array.shape, e.array.dtype, host=e.array) for e in extra]
-    (shape, dtype), = shapes.infer(Node(op, op, param), inputs)
+    (shape, dtype), = op_table.infer(Node(op, op, param), inputs)
     out = Tensor(shape, dtype)
     execution = backend.onCreate(inputs, [out], Node(op, op, param))
     execution.onResize(inputs, [out])

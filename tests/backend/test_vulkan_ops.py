@@ -16,15 +16,8 @@ from mnngpu.format.quant import QuantizedLinear
 from mnngpu.runtime import fusion
 from mnngpu.runtime.kv import KVMeta
 from tests import reference
-from tests.backend.harness import (
-    OneOp,
-    conv_node,
-    fused_linear,
-    linear_reference,
-    quantized_linear,
-    run,
-    run_graph,
-)
+from tests.backend import harness
+from tests.backend.harness import OneOp, run, run_graph
 from tests.conftest import backend_or_skip
 
 RTOL = 2e-5
@@ -56,14 +49,14 @@ def make_backend(vulkan, precision: str = "high", **attrs):
 @pytest.mark.parametrize("rows", [1, 13])
 def test_quantized_linear(vulkan, bits, block, kind, rows):
     rng = np.random.default_rng(bits * 100 + block + rows)
-    weight, dense = quantized_linear(rng, oc=72, ic=96, bits=bits, block=block, bias=rows == 13)
+    weight, dense = harness.quantized_linear(rng, oc=72, ic=96, bits=bits, block=block, bias=rows == 13)
     bias = weight.bias
     backend = make_backend(vulkan)
-    node = conv_node(weight)
+    node = harness.conv_node(weight)
     x = rng.normal(0, 1, (rows, 96, 1, 1)).astype(np.float32)
     got = run(backend, node, [x])
     assert node.weights["vulkan"].kind.startswith(kind) and "weight" not in node.weights
-    close(got.reshape(rows, 72), linear_reference(x.reshape(rows, 96), dense, bias), 1e-5)
+    close(got.reshape(rows, 72), harness.linear_reference(x.reshape(rows, 96), dense, bias), 1e-5)
 
 
 @pytest.mark.parametrize("precision, dtype, rtol", [("high", np.float32, 1e-5), ("low", np.float16, 2e-3)])
@@ -75,7 +68,7 @@ def test_float_linear(vulkan, precision, dtype, rtol, rows):
                              np.zeros((24, 0), np.float32), np.zeros((24, 0), np.float32), None, float_weight=w)
     backend = make_backend(vulkan, precision)
     x = rng.normal(0, 1, (rows, 40, 1, 1)).astype(np.float32)
-    got = run(backend, conv_node(weight), [x])
+    got = run(backend, harness.conv_node(weight), [x])
     close(got.reshape(rows, 24), x.reshape(rows, 40).astype(np.float64) @ w.astype(np.float64).T, rtol)
 
 
@@ -83,27 +76,27 @@ def test_float_linear(vulkan, precision, dtype, rtol, rows):
 def test_linear_split_across_bindings(vulkan, rows):
     """A layer larger than maxStorageBufferRange runs as parts of output rows, one binding each."""
     rng = np.random.default_rng(7)
-    weight, dense = quantized_linear(rng, oc=250, ic=256, bits=4, block=32, bias=True)
+    weight, dense = harness.quantized_linear(rng, oc=250, ic=256, bits=4, block=32, bias=True)
     backend = make_backend(vulkan, max_binding_bytes=128 * 100)   # 100 rows of 128 code bytes per part
-    node = conv_node(weight)
+    node = harness.conv_node(weight)
     x = rng.normal(0, 1, (rows, 256, 1, 1)).astype(np.float32)
     got = run(backend, node, [x])
     assert [p.rows for p in node.weights["vulkan"].parts] == [100, 100, 50]
-    close(got.reshape(rows, 250), linear_reference(x.reshape(rows, 256), dense, weight.bias), 1e-5)
+    close(got.reshape(rows, 250), harness.linear_reference(x.reshape(rows, 256), dense, weight.bias), 1e-5)
 
 
 @pytest.mark.parametrize("bits, block", [(4, 64), (8, 32), (4, 4)])
 @pytest.mark.parametrize("rows", [1, 9])
 def test_gated_linear_is_up_times_silu_gate(vulkan, bits, block, rows):
     rng = np.random.default_rng(5 + rows + bits)
-    (gate, gate_w), (up, up_w) = (quantized_linear(rng, 200, 128, bits, block, bias=True) for _ in range(2))
+    (gate, gate_w), (up, up_w) = (harness.quantized_linear(rng, 200, 128, bits, block, bias=True) for _ in range(2))
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
     backend = make_backend(vulkan, max_binding_bytes=8000)    # the layers split into parts, alike
-    node = fused_linear(fusion.GATED_LINEAR, [gate, up])
+    node = harness.fused_linear(fusion.GATED_LINEAR, [gate, up])
     got = run(backend, node, [x])
     assert len(node.param.members[0].weights["vulkan"].parts) >= 2
-    g = linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
-    u = linear_reference(x.reshape(rows, 128), up_w, up.bias)
+    g = harness.linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
+    u = harness.linear_reference(x.reshape(rows, 128), up_w, up.bias)
     close(got.reshape(rows, 200), reference.silu_mul(u, g), 1e-5)
 
 
@@ -257,11 +250,11 @@ def test_staged_memory_path(vulkan):
     backend = make_backend(vulkan)
     backend.arena = MemoryArena(backend.device, staged=True)
     rng = np.random.default_rng(6)
-    weight, dense = quantized_linear(rng, oc=20, ic=32, bits=4, block=32, bias=True)
+    weight, dense = harness.quantized_linear(rng, oc=20, ic=32, bits=4, block=32, bias=True)
     x = rng.normal(0, 1, (2, 32, 1, 1)).astype(np.float32)
-    got = run(backend, conv_node(weight), [x])
+    got = run(backend, harness.conv_node(weight), [x])
     assert node_buffers_unmapped(backend)
-    close(got.reshape(2, 20), linear_reference(x.reshape(2, 32), dense, weight.bias), 1e-5)
+    close(got.reshape(2, 20), harness.linear_reference(x.reshape(2, 32), dense, weight.bias), 1e-5)
 
 
 def node_buffers_unmapped(backend) -> bool:

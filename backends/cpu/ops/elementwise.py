@@ -12,7 +12,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.runtime import host_ops
+from mnngpu.runtime import op_table
 
 UFUNCS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
           "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
@@ -30,7 +30,7 @@ class HostOpExecution(CPUExecution):
         self.out = self.outputs[0].device
 
     def onExecute(self, inputs, outputs):  # noqa: N802
-        (result,) = host_ops.evaluate(self.node, self.args)
+        (result,) = op_table.evaluate(self.node, self.args)
         np.copyto(self.out, result, casting="unsafe")
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from mnngpu.backend import Tensor
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.runtime import shapes
+from mnngpu.runtime import op_table
 from mnngpu.runtime.fusion import rope_split
 
 
@@ -47,7 +47,7 @@ class RoPEExecution(KernelExecution):
                 op_outputs = outputs
             else:
                 op_outputs = [Tensor(tuple(shape), np.dtype(dtype), name=op.node.name)
-                              for shape, dtype in shapes.infer(op.node, op_inputs)]
+                              for shape, dtype in op_table.infer(op.node, op_inputs)]
             execution = self.backend.onCreate(op_inputs, op_outputs, op.node)
             if execution is None:
                 raise NotImplementedError(f"RoPE's {op.node.type} {op.node.name} declined by the OpenCL backend")

@@ -1,5 +1,6 @@
 """The Vulkan backend's op table: op type -> Execution class. LinearGroup, GatedLinear and RoPE
-are runtime/fusion.py's fused nodes: listing them here opts this backend into those rewrites."""
+are the fused node types of runtime/op_table.py: listing them here opts this backend into
+runtime/fusion.py's rewrites."""
 
 from mnngpu.backends.vulkan.ops.attention import VulkanAttention
 from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
@@ -7,7 +8,7 @@ from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
-from mnngpu.runtime.fusion import GATED_LINEAR, LINEAR_GROUP, ROPE
+from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, ROPE
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,

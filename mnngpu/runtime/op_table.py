@@ -1,0 +1,121 @@
+"""The op table: every op type the engine knows, in one place.
+
+For each op type: its shape rule (runtime/shapes.py), its numpy semantics where it can be
+folded on the host (runtime/host_ops.py), the MNN parameter table and inputs validate expects,
+and, for the engine's own fused node types (runtime/fusion.py), what they replace. Which
+backends implement an op is each backend's `executions` table, keyed by these names
+(`implemented_by`). Adding an op is one entry here plus one Execution per backend.
+
+Fused node types carry FUSED_PREFIX: no MNN op type contains a dot, so a graph can never name
+one (MNN has its own RoPE op, 306, which is not the engine's rotate-half node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
+from mnngpu.errors import BackendUnavailableError, ModelFormatError
+from mnngpu.runtime import host_ops, shapes
+
+FUSED_PREFIX = "fused."
+LINEAR_GROUP, GATED_LINEAR, ROPE = (FUSED_PREFIX + name for name in ("LinearGroup", "GatedLinear", "RoPE"))
+
+ShapeRule = Callable[[Node, list[Tensor]], list[tuple[tuple[int, ...], np.dtype]]]
+HostRule = Callable[[Node, list[np.ndarray]], np.ndarray]
+
+# when validate insists on the parameter table: always, or only when the op has no second input
+# to read its values from (a Reshape's target shape, an Unsqueeze's axes)
+ALWAYS, WITHOUT_SECOND_INPUT = "always", "without a second input"
+
+
+@dataclass(frozen=True)
+class OpType:
+    shape: ShapeRule
+    host: HostRule | None = None   # numpy semantics: folded at resize when every input is known on the host
+    shape_only: bool = False       # reads only its input's shape: always folded
+    param: str | None = None       # the OpParameter table MNN pairs with this op type
+    param_required: str | None = None
+    min_inputs: int = 1
+    fuses: str = ""                # an engine-made node: the exported pattern it replaces
+
+
+OPS: dict[str, OpType] = {
+    "Shape": OpType(shapes.shape_of, host_ops.shape, shape_only=True),
+    "Rank": OpType(shapes.shape_of, host_ops.rank, shape_only=True),
+    "Size": OpType(shapes.shape_of, host_ops.size, shape_only=True),
+    "Reshape": OpType(shapes.reshape, host_ops.reshape, param="Reshape", param_required=WITHOUT_SECOND_INPUT),
+    "ConvertTensor": OpType(shapes.same, host_ops.identity, param="TensorConvertInfo"),
+    "Identity": OpType(shapes.same, host_ops.identity),
+    "BinaryOp": OpType(shapes.binary, host_ops.binary_op, param="BinaryOp", param_required=ALWAYS, min_inputs=2),
+    "UnaryOp": OpType(shapes.same, host_ops.unary_op, param="UnaryOp", param_required=ALWAYS),
+    "Cast": OpType(shapes.cast, host_ops.cast, param="CastParam", param_required=ALWAYS),
+    "Squeeze": OpType(shapes.by_evaluation, host_ops.squeeze, param="SqueezeParam"),
+    "Unsqueeze": OpType(shapes.by_evaluation, host_ops.unsqueeze, param="SqueezeParam",
+                        param_required=WITHOUT_SECOND_INPUT),
+    "StridedSlice": OpType(shapes.by_evaluation, host_ops.strided_slice, param="StridedSliceParam", min_inputs=3),
+    "GatherV2": OpType(shapes.gather, host_ops.gather, param="GatherV2", min_inputs=2),
+    "Gather": OpType(shapes.gather, host_ops.gather, min_inputs=2),
+    "Concat": OpType(shapes.concat, host_ops.concat, param="Axis", param_required=ALWAYS),
+    "Convolution": OpType(shapes.convolution, param="Convolution2D", param_required=ALWAYS),
+    "LayerNorm": OpType(shapes.same, param="LayerNorm", param_required=ALWAYS),
+    "Attention": OpType(shapes.attention, param="AttentionParam", param_required=ALWAYS, min_inputs=3),
+    LINEAR_GROUP: OpType(shapes.linear_group, fuses="Convolutions reading the same input (q, k, v)"),
+    GATED_LINEAR: OpType(shapes.gated_linear, fuses="MUL_SILU(up(x), gate(x)) of two Convolutions"),
+    ROPE: OpType(shapes.same, fuses="x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half)"),
+}
+
+# The graph's sources: no op runs for them (the Session binds inputs, constants are host values).
+SOURCES = {"Input": "Input", "Const": "Blob"}
+
+
+def spec(node: Node) -> OpType:
+    found = OPS.get(node.type)
+    if found is None:
+        raise ModelFormatError(f"op type {node.type} is not supported by mnngpu", field=node.name)
+    return found
+
+
+def infer(node: Node, inputs: list[Tensor]) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """Each output's (shape, dtype)."""
+    return spec(node).shape(node, inputs)
+
+
+def host_evaluated() -> frozenset[str]:
+    """The op types with numpy semantics (folded when their inputs are host-known)."""
+    return frozenset(name for name, op in OPS.items() if op.host is not None)
+
+
+def foldable(node: Node, inputs: list[Tensor]) -> bool:
+    op = OPS.get(node.type)
+    if op is None or op.host is None:
+        return False
+    return op.shape_only or all(t.host is not None for t in inputs)
+
+
+def evaluate(node: Node, values: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one host-evaluable op on numpy values; returns its outputs."""
+    op = OPS.get(node.type)
+    if op is None or op.host is None:
+        raise ModelFormatError(f"op type {node.type} cannot be evaluated on the host", field=node.name)
+    return [op.host(node, values)]
+
+
+def graph_op_types() -> frozenset[str]:
+    """The op types a graph may name: the table less the engine's own fused nodes."""
+    return frozenset(name for name, op in OPS.items() if not op.fuses)
+
+
+def implemented_by(op_type: str) -> list[str]:
+    """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
+    found = []
+    for backend_type in REGISTRY:
+        try:
+            if op_type in backend_class(backend_type).executions:
+                found.append(backend_type)
+        except BackendUnavailableError:
+            continue
+    return found

@@ -1,0 +1,60 @@
+"""The op table (runtime/op_table.py) agrees with what reads it: every op a graph may name runs on
+the CPU backup or is folded on the host, every backend's executions are table entries, and
+every host rule matches the shape rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
+from mnngpu.errors import BackendUnavailableError, ModelFormatError
+from mnngpu.format import params as P
+from mnngpu.format.enums import OP_TYPE
+from mnngpu.runtime import op_table
+from mnngpu.validate import runnable_op_types
+
+
+def test_every_graph_op_type_runs_on_the_cpu_or_is_always_folded():
+    cpu = backend_class("cpu").executions
+    for name in op_table.graph_op_types():
+        assert name in cpu or op_table.OPS[name].shape_only, name
+
+
+def test_graph_op_types_are_mnn_op_types_and_fused_ones_are_not():
+    mnn = set(OP_TYPE.values())
+    assert op_table.graph_op_types() <= mnn
+    fused = set(op_table.OPS) - op_table.graph_op_types()
+    assert fused == {op_table.LINEAR_GROUP, op_table.GATED_LINEAR, op_table.ROPE}
+    assert not fused & mnn and all(name.startswith(op_table.FUSED_PREFIX) for name in fused)
+    assert runnable_op_types() == set(op_table.graph_op_types()) | {"Input", "Const"}
+
+
+@pytest.mark.parametrize("backend_type", list(REGISTRY))
+def test_each_backend_table_names_only_table_ops(backend_type):
+    try:
+        executions = backend_class(backend_type).executions
+    except BackendUnavailableError as exc:
+        pytest.skip(f"{backend_type} unavailable: {exc}")
+    assert set(executions) <= set(op_table.OPS)
+    assert all(backend_type in op_table.implemented_by(name) for name in executions)
+
+
+def test_host_rules_agree_with_shape_rules():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    cases = [Node("Shape", "s"), Node("UnaryOp", "u", P.UnaryOp(opType="NEG")),
+             Node("Squeeze", "q", P.SqueezeParam(squeezeDims=[])), Node("Cast", "c", P.CastParam(dstT="DT_INT32")),
+             Node("Concat", "k", P.Axis(axis=1))]
+    for node in cases:
+        inputs = [x, x] if node.type == "Concat" else [x]
+        tensors = [Tensor(a.shape, a.dtype, host=a) for a in inputs]
+        (value,) = op_table.evaluate(node, inputs)
+        ((shape, dtype),) = op_table.infer(node, tensors)
+        assert value.shape == tuple(shape) and value.dtype == np.dtype(dtype), node.type
+
+
+def test_an_op_outside_the_table_is_named():
+    with pytest.raises(ModelFormatError, match="op type RoPE is not supported"):
+        op_table.infer(Node("RoPE", "rope"), [Tensor((1, 4), np.dtype(np.float32))])
+    with pytest.raises(ModelFormatError, match="cannot be evaluated on the host"):
+        op_table.evaluate(Node("Attention", "a"), [])
