@@ -124,13 +124,12 @@ def test_attention_at_precision_low(vulkan, variant, heads, kv_heads, dim, scale
     rng = np.random.default_rng(heads * dim)
     backend = make_backend(vulkan, precision, variant=variant)
     meta = backend.kv_meta
-    meta.attn_scale = config_scale  # the config's attn_scale, used where the op records none
     node = attention_node(scale=scale, output_c4=output_c4)
     prefill_in = attention_inputs(rng, 8, heads, kv_heads, dim)
     prefill = OneOp(backend, node, prefill_in)
     decode_in = attention_inputs(rng, 1, heads, kv_heads, dim)
     decode = OneOp(backend, node, decode_in)
-    scale = scale or config_scale or 1 / np.sqrt(dim)
+    scale = scale or 1 / np.sqrt(dim)
     keys, values = [], []
     meta.add = 5
     got = prefill(*prefill_in)[0]
