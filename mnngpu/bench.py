@@ -4,10 +4,14 @@ The tests follow MNN's llm_bench (transformers/llm/engine/tools/llm_bench.cpp):
 * ppN: prefill N tokens (all id 16) from an empty KV cache; speed = N / prefill time.
 * tgM: from a 1-token prompt, decode M tokens; speed = M / decode time.
 * ppN+tgM (`-pg N,M`): prefill N tokens, then decode M continuing from that KV cache; both
-  speeds are reported.
+  speeds are reported, as llm_bench's -pg does: prefill = N / the prompt's forward time,
+  decode = M / the time of the M forwards after each sampled token (sampling not included).
 Every test runs `repeat + 1` times and drops the first (the warm-up). Decoding samples each token
 with the model's configured sampler, as llm_bench does, but ignores stop ids, so every repeat
-does the same work. With a speculative strategy (`--speculative`), decoding runs that strategy
+does the same work. With the loading time asked for, `firstRun(s)` is that dropped first run:
+what the first use after the load still costs (kernel compiles, first page faults). On a
+fixed-shape backend (opencl, vulkan, cuda) a prefill's last chunk is padded up to the module's
+rows; the test cell then says how many rows were padded (they count in the time, not in N). With a speculative strategy (`--speculative`), decoding runs that strategy
 through Llm.generate, and the table adds its draft acceptance rate and tokens per forward.
 """
 
@@ -63,6 +67,8 @@ class BenchResult:
     prefill_speeds: list[float] = field(default_factory=list)   # tok/s, one per repeat
     decode_speeds: list[float] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)
+    first_run_seconds: float = 0.0   # the dropped warm-up repeat
+    padded_rows: int = 0             # rows computed beyond n_prompt (fixed-shape prefill)
     acceptance: list[float] = field(default_factory=list)   # speculative decoding only
     tokens_per_forward: list[float] = field(default_factory=list)
 
@@ -118,15 +124,17 @@ def load_model(case: RuntimeCase):
 
 
 def _decode(model, first_logits, count: int) -> float:
-    """Seconds to sample and forward `count` tokens after `first_logits`."""
+    """Seconds of the forwards of `count` tokens sampled one by one after `first_logits`."""
     history: list[int] = []
     logits = first_logits
-    start = time.perf_counter()
+    seconds = 0.0
     for _ in range(count):
         token = int(model.sampler.sample(logits, history))
         history.append(token)
+        start = time.perf_counter()
         logits = model.forward([token])[0, -1]
-    return time.perf_counter() - start
+        seconds += time.perf_counter() - start
+    return seconds
 
 
 def _prefill(model, count: int):
@@ -149,22 +157,28 @@ def _speculative_run(model, test: TestCase, result: BenchResult, keep: bool) -> 
     result.tokens_per_forward.append(stats.tokens_per_forward)
 
 
-def run_test(model, test: TestCase, repeat: int, result: BenchResult) -> None:
-    if result.runtime.speculative and test.n_gen:
-        for index in range(repeat + 1):
-            _speculative_run(model, test, result, keep=index > 0)
+def _ar_run(model, test: TestCase, result: BenchResult, keep: bool) -> None:
+    """One repeat: a prefill of n_prompt ids (one for a tg test), then n_gen decoded tokens."""
+    model.reset()
+    logits, prefill_s = _prefill(model, max(1, test.n_prompt))
+    decode_s = _decode(model, logits, test.n_gen) if test.n_gen else 0.0
+    if not keep:
         return
+    if test.n_prompt:
+        result.prefill_speeds.append(test.n_prompt / prefill_s)
+    if test.n_gen:
+        result.decode_speeds.append(test.n_gen / decode_s)
+
+
+def run_test(model, test: TestCase, repeat: int, result: BenchResult) -> None:
+    result.padded_rows = model.padded_rows(test.n_prompt)
+    one_run = _speculative_run if result.runtime.speculative and test.n_gen else _ar_run
     for index in range(repeat + 1):
-        model.reset()
-        logits, prefill_s = _prefill(model, max(1, test.n_prompt))
-        decode_s = _decode(model, logits, test.n_gen) if test.n_gen else 0.0
-        if index == 0:
+        start = time.perf_counter()
+        one_run(model, test, result, keep=index > 0)
+        if index == 0:   # the warm-up: kernel compiles, first touch of the weights
             jit.wait_for_compiles()   # time the compiled kernels, never their numpy stand-ins
-            continue   # warm-up: kernel compilation, first-touch of the weights
-        if test.n_prompt:
-            result.prefill_speeds.append(test.n_prompt / prefill_s)
-        if test.n_gen:
-            result.decode_speeds.append(test.n_gen / decode_s)
+            result.first_run_seconds = time.perf_counter() - start
 
 
 def run(runtimes: list[RuntimeCase], tests: list[TestCase], repeat: int, loading_time: bool = False,
@@ -196,6 +210,11 @@ def _mean_std(values: list[float]) -> str:
     return f"{mean:.2f} ± {std:.2f}"
 
 
+def _test_cell(result: BenchResult) -> str:
+    padded = result.padded_rows
+    return f"{result.test.name} (+{padded} padded)" if padded else result.test.name
+
+
 def _size(nbytes: int) -> str:
     if nbytes < 1 << 30:
         return f"{nbytes / (1 << 20):.2f} MiB"
@@ -210,14 +229,14 @@ class MarkdownTable:
         speed = "speed(tok/s)" if any(t.shared_kv for t in tests) else "t/s"
         self.fields = ["model", "modelSize", "backend", "threads", "precision", "test", speed]
         if loading_time:
-            self.fields.append("loadingTime(s)")
+            self.fields += ["loadingTime(s)", "firstRun(s)"]
         if speculative:
             self.fields += ["acceptance", "tok/forward"]
 
     @staticmethod
     def width(name: str) -> int:
         """Negative: left-aligned (llm_bench's strings), positive: right-aligned (its numbers)."""
-        fixed = {"model": -30, "threads": 7, "test": -13,
+        fixed = {"model": -30, "threads": 7, "test": -24,
                  "t/s": 18, "speed(tok/s)": 38}  # room for "12345.67 ± 1234.56", twice for pp+tg
         if name in fixed:
             return fixed[name]
@@ -243,9 +262,9 @@ class MarkdownTable:
         else:
             speed = _mean_std(result.speeds)
         values = [result.model_name, _size(result.model_bytes), result.runtime.backend.upper(),
-                  str(result.runtime.threads), PRECISION_NAMES[result.runtime.precision], test.name, speed]
+                  str(result.runtime.threads), PRECISION_NAMES[result.runtime.precision], _test_cell(result), speed]
         if "loadingTime(s)" in self.fields:
-            values.append(_mean_std(result.load_seconds))
+            values += [_mean_std(result.load_seconds), f"{result.first_run_seconds:.2f}"]
         if "acceptance" in self.fields:
             values += [f"{100 * statistics.fmean(result.acceptance):.1f} %" if result.acceptance else "-",
                        f"{statistics.fmean(result.tokens_per_forward):.2f}" if result.tokens_per_forward else "-"]

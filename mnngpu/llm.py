@@ -241,6 +241,15 @@ class Llm:
         limit = PREFILL_LEN if self.runtime.fixed_shape else count
         return min(block, limit) if block else limit
 
+    def padded_rows(self, count: int) -> int:
+        """Rows a forward of `count` ids computes beyond them: on a fixed-shape backend the last
+        prefill chunk is padded up to the module's rows (see forward); none on the CPU."""
+        if not self.runtime.fixed_shape or count <= 1:
+            return 0
+        prefilled = count if self.config.all_logits else count - 1
+        size = self._rows_per_run(count)
+        return -(-prefilled // size) * size - prefilled
+
     def forward(self, ids) -> Logits:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
         self._require_loaded()

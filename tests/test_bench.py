@@ -67,6 +67,9 @@ class CountingModel:
     def sample(self, logits, history):
         return 3
 
+    def padded_rows(self, count):
+        return 0
+
 
 @pytest.mark.parametrize("test, per_repeat", [
     (bench.TestCase(6, 0), ["reset", 6]),                       # pp: prefill only
@@ -80,6 +83,53 @@ def test_each_repeat_does_llm_bench_work_and_the_warm_up_is_dropped(test, per_re
     assert model.calls == per_repeat * 3
     assert len(result.prefill_speeds) == (2 if test.n_prompt else 0)
     assert len(result.decode_speeds) == (2 if test.n_gen else 0)
+
+
+class Clock:
+    """A stand-in for time.perf_counter that only moves when the model works: a forward takes 0.5,
+    a sample 2.0 "seconds"."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_pg_speeds_are_llm_bench_s_forward_times_without_sampling(monkeypatch):
+    clock, model = Clock(), CountingModel()
+    real_forward, real_sample = model.forward, model.sample
+
+    def forward(ids):
+        clock.now += 0.5
+        return real_forward(ids)
+
+    def sample(logits, history):
+        clock.now += 2.0
+        return real_sample(logits, history)
+
+    model.forward, model.sample = forward, sample
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    test = bench.TestCase(4, 3, shared_kv=True)
+    result = bench.BenchResult(bench.RuntimeCase(MODEL, "cpu", "low", "low", 1), test, "m", 1)
+    bench.run_test(model, test, repeat=1, result=result)
+    assert result.prefill_speeds == [4 / 0.5]            # the prompt's one forward
+    assert result.decode_speeds == [3 / (3 * 0.5)]       # three forwards; the samples are not timed
+    assert result.first_run_seconds == 0.5 + 3 * (2.0 + 0.5)   # the dropped warm-up, all of it
+
+
+def test_first_run_and_padded_rows_are_shown(backend_type):
+    model = bench.load_model(bench.RuntimeCase(MODEL, backend_type, "high", "low", 1))
+    rows = max(rows for rows, _ in model.pool.modules)   # the prefill module's fixed rows
+    want = (rows - 7) if model.runtime.fixed_shape else 0  # 8 ids: 7 prefilled, the last decoded
+    assert model.padded_rows(8) == want
+    result = bench.BenchResult(bench.RuntimeCase(MODEL, backend_type, "high", "low", 1), bench.TestCase(8, 0),
+                               "m", 1, load_seconds=[0.1])
+    bench.run_test(model, result.test, repeat=1, result=result)
+    table = bench.MarkdownTable([result.test], loading_time=True)
+    cells = [cell.strip() for cell in table.row(result).split("|")[1:-1]]
+    assert table.fields[-2:] == ["loadingTime(s)", "firstRun(s)"] and float(cells[-1]) > 0
+    assert cells[5] == (f"pp8 (+{want} padded)" if want else "pp8")
 
 
 def bar_positions(line: str) -> list[int]:
@@ -107,7 +157,7 @@ def test_pg_rows_report_prefill_and_decode():
     runtime = bench.RuntimeCase(MODEL, "cpu", "high", "low", 2)
     result = bench.BenchResult(runtime, bench.TestCase(512, 128, True), "qwen", 2 << 30,
                                prefill_speeds=[60.0, 62.0], decode_speeds=[25.0, 25.0])
-    assert table.row(result).split("|")[-3:-1] == [" pp512+tg128   ", " 61.00 ± 1.41<br>25.00 ± 0.00 ".rjust(40)]
+    assert table.row(result).split("|")[-3:-1] == [" " + "pp512+tg128".ljust(25), " 61.00 ± 1.41<br>25.00 ± 0.00 ".rjust(40)]
     assert "2.00 GiB" in table.row(result)
     assert bar_positions(table.row(result)) == bar_positions(table.header().splitlines()[0])
 
