@@ -71,6 +71,7 @@ class BackendConfig:
     tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files
     kvcache_mmap: bool = False  # the KV cache in files under tmp_path
     use_mmap: bool = False      # the weights a backend converts at load in files under tmp_path
+    kv_quant: int = 0           # KV cache: 0 float, 1 int8 keys, 2 int8 keys and values (attention_mode)
 
     @property
     def fp32(self) -> bool:

@@ -39,9 +39,9 @@ def _equals(*values: Any) -> Callable[[Any], bool]:
     return lambda value: value in values
 
 
-def _quant_mode_none(value: Any) -> bool:
-    # attention_mode = flash * 8 + kv quant mode; flash attention changes only speed.
-    return isinstance(value, int) and value % 8 == 0
+def _quant_mode_int8(value: Any) -> bool:
+    # attention_mode = flash * 8 + KV quant mode; flash attention changes only speed.
+    return isinstance(value, int) and value % 8 in (0, 1, 2)
 
 
 def _done(note: str) -> Key:
@@ -112,11 +112,12 @@ KEYS: dict[str, Key] = {
     "tmp_path": _done("the folder kvcache_mmap and use_mmap write to; never inside the model folder"),
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
                                "prompt with the same start (cpu backend; another is a ConfigError)"),
-    "attention_mode": _rejected("KV cache quantization (attention_mode % 8) is not implemented; flash "
-                                "attention (attention_mode / 8) changes only speed", _quant_mode_none,
-                                "a multiple of 8 (no KV quantization)"),
+    "attention_mode": _rejected("KV quantization modes 3-6 (TQ3, TQ4) are not implemented; modes 1 and 2 "
+                                "(int8 keys; int8 keys and values) run on cpu only, another backend is a "
+                                "ConfigError; flash attention (attention_mode / 8) changes only speed",
+                                _quant_mode_int8, "attention_mode % 8 in 0, 1, 2"),
     "quant_qkv": _rejected("the deprecated spelling of attention_mode, read when attention_mode is unset",
-                           _quant_mode_none, "a multiple of 8 (no KV quantization)"),
+                           _quant_mode_int8, "quant_qkv % 8 in 0, 1, 2"),
     "cpu_sme2_neon_division_ratio": _warned("Arm SME work split (speed only)"),
     "cpu_sme_core_num": _warned("Arm SME cores (speed only)"),
     # ---- the model's facts -------------------------------------------------------------------

@@ -143,11 +143,16 @@ class CPUBackend(Backend):
             buffer = self._scratch[key] = np.empty(size, dtype=np.float32)
         return buffer[:size].reshape(shape)
 
-    def kv_zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+    def new_kv_cache(self, kv_heads: int, head_dim: int) -> KVCache:
+        """One layer's empty cache: int8 keys (and values) per kv_quant, in files with kvcache_mmap."""
+        return KVCache(kv_heads, head_dim, zeros=self.kv_zeros, int8_keys=self.config.kv_quant >= 1,
+                       int8_values=self.config.kv_quant == 2)
+
+    def kv_zeros(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """A KV cache array: in a file under tmp_path with kvcache_mmap, else in memory."""
         if self.kv_files is not None:
-            return self.kv_files.zeros(shape)
-        return np.zeros(shape, dtype=np.float32)
+            return self.kv_files.zeros(shape, dtype)
+        return np.zeros(shape, dtype=dtype)
 
     # ---- the prefix cache ----------------------------------------------------------------------
     kv_transfer = True
@@ -158,7 +163,7 @@ class CPUBackend(Backend):
     def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         self.kv_caches = {}
         for layer, (keys, values) in layers.items():
-            cache = self.kv_caches[layer] = KVCache(keys.shape[0], keys.shape[2], zeros=self.kv_zeros)
+            cache = self.kv_caches[layer] = self.new_kv_cache(keys.shape[0], keys.shape[2])
             cache.write(keys, values)
 
     def parallel(self, fn, count: int) -> None:
