@@ -140,6 +140,9 @@ class Backend(ABC):
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
 
+    # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
+    kv_int8: bool = False
+
     # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
     # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
     kv_transfer: bool = False

@@ -26,9 +26,12 @@ ORACLE = MODEL_DIR.parents[2] / "mnn_oracle.py"
 
 
 def int8_round_trip(x: np.ndarray) -> np.ndarray:
-    """x [tokens, kv_heads, dim] through int8 codes with one scale max|x|/127 per token and head."""
-    scale = np.abs(x).max(axis=-1, keepdims=True).astype(np.float64) / 127.0
-    codes = np.clip(np.round(x / np.where(scale > 0, scale, 1.0)), -127, 127)
+    """x [tokens, kv_heads, dim] through int8 codes with one scale s = max|x|/127 per token and
+    head: codes round-half-even(x * (1/s)), float32 arithmetic throughout."""
+    x = x.astype(np.float32)
+    scale = np.max(np.abs(x), axis=-1, keepdims=True) / np.float32(127)
+    inverse = np.float32(1) / np.where(scale > 0, scale, np.float32(1))
+    codes = np.clip(np.round(x * inverse), -127, 127)
     return (codes * scale).astype(np.float32)
 
 
@@ -98,3 +101,34 @@ def test_a_backend_without_kv_quantization_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match="vulkan") as caught:
         RuntimeManager.from_config(config)
     assert caught.value.field == "attention_mode"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+@pytest.mark.parametrize("kv_quant", [1, 2])
+def test_opencl_attention_over_an_int8_cache(variant, kv_quant):
+    """A padded prefill then decode steps on OpenCL (PoCL), against the same int8 rounding."""
+    from tests.backend.test_opencl_ops import AttentionModule, make_backend
+
+    backend = make_backend(variant)
+    backend.config.kv_quant = kv_quant
+    rng = np.random.default_rng(kv_quant)
+    heads, kv_heads, dim, real, padded = 4, 2, 16, 5, 8
+    prefill = AttentionModule(backend, padded, heads, kv_heads, dim, False)
+    decode = AttentionModule(backend, 1, heads, kv_heads, dim, False)
+    total = real + 3
+    q, k, v = (rng.standard_normal((total, h, dim)).astype(np.float32) for h in (heads, kv_heads, kv_heads))
+    keys = int8_round_trip(k)
+    values = int8_round_trip(v) if kv_quant == 2 else v
+    meta = backend.kv_meta
+    pad = np.full((padded - real, 1, 1), 9.0, np.float32)
+    meta.add = real
+    out = prefill.step(*(np.concatenate([a[:real], pad * np.ones_like(a[:1])]) for a in (q, k, v)))
+    meta.sync()
+    want = reference.causal_attention(q[:real], keys[:real], values[:real], 0, 1 / np.sqrt(dim))
+    np.testing.assert_allclose(out[:real], want, rtol=1e-4, atol=1e-5)
+    for t in range(real, total):
+        meta.add = 1
+        out = decode.step(q[t:t + 1], k[t:t + 1], v[t:t + 1])
+        meta.sync()
+        want = reference.causal_attention(q[t:t + 1], keys[:t + 1], values[:t + 1], t, 1 / np.sqrt(dim))
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from mnngpu.backend import Backend, BackendConfig, backend_class, create_backend
+from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, create_backend
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
 from mnngpu.runtime.kv import KVMeta
@@ -75,15 +75,16 @@ def _mapped_files(config) -> dict:
 def _kv_quant(config) -> int:
     """attention_mode % 8 as MNN's CPU attention applies it: 1 quantizes keys to int8, 2 keys and
     values; values only with flash attention (attention_mode >= 8), and, with reuse_kv, mode 10
-    runs as 9 (MNN's Llm::setRuntimeHint). Only the CPU backend has it."""
+    runs as 9 (MNN's Llm::setRuntimeHint). Only backends with kv_int8 have it."""
     mode = config.attention_mode
     if config.reuse_kv and mode == 10:
         mode = 9
     quant = mode % 8
     if quant == 2 and mode < 8:
         quant = 1
-    if quant and config.backend_type != "cpu":
+    if quant and not backend_class(config.backend_type).kv_int8:
+        have = [name for name in REGISTRY if backend_class(name).kv_int8]
         raise ConfigError(f"{config.attention_mode}: KV cache quantization is not implemented on the "
-                          f"{config.backend_type} backend (only on cpu); use a multiple of 8",
+                          f"{config.backend_type} backend (only on {', '.join(have)}); use a multiple of 8",
                           path=config.origin("attention_mode") or config.origin("quant_qkv"), field="attention_mode")
     return quant

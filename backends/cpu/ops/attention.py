@@ -29,11 +29,13 @@ def _zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (kv_heads, tokens, head_dim) -> int8 codes and float32 scales (kv_heads, tokens): one
-    symmetric scale per head and token, max|x| / 127."""
+    symmetric scale per head and token, s = max|x| / 127, codes rint(x * (1 / s)), all in
+    float32 (the device kernels' arithmetic, so every backend stores the same codes)."""
+    x = np.asarray(x, dtype=np.float32)
     scale = np.abs(x).max(axis=-1) / np.float32(127.0)
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    codes = np.clip(np.rint(x / safe[..., None]), -127, 127).astype(np.int8)
-    return codes, scale.astype(np.float32)
+    inverse = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
+    codes = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
+    return codes, scale
 
 
 class KVCache:
