@@ -143,6 +143,9 @@ class Backend(ABC):
     # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
     kv_int8: bool = False
 
+    # Packed weights are host arrays any instance can use: create_lora shares them with the base.
+    host_weights: bool = False
+
     # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
     # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
     kv_transfer: bool = False

@@ -157,6 +157,7 @@ class CPUBackend(Backend):
     # ---- the prefix cache ----------------------------------------------------------------------
     kv_transfer = True
     kv_int8 = True
+    host_weights = True
 
     def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
