@@ -133,3 +133,21 @@ def test_a_second_served_request_with_the_same_system_prompt_prefills_only_the_n
     assert usages[0].cached_tokens == 0
     assert usages[1].cached_tokens == system_turn_tokens()
     assert usages[1].prompt_tokens == usages[0].prompt_tokens
+
+
+def test_a_prefix_stored_with_int8_kv_reloads_the_same_codes(tmp_path):
+    """attention_mode 10 (int8 keys and values): the file holds the dequantized values, and
+    coding them again gives back the same codes, so the reloaded model computes what the one
+    that stored them computes."""
+    cache = str(tmp_path / "prefixes")
+    ids = recorded("hello")["ids"] * 5
+    head, rest = ids[:9], ids[9:]
+    first = load_model(prefix_cache_path=cache, attention_mode=10)
+    first.cache_prefix(head)
+    want = last_logits(first, rest)
+    second = load_model(prefix_cache_path=cache, attention_mode=10)
+    assert second.cache_prefix(head) == len(head)
+    np.testing.assert_array_equal(last_logits(second, rest), want)
+    assert len(list((tmp_path / "prefixes").iterdir())) == 1
+    load_model(prefix_cache_path=cache).cache_prefix(head)   # float KV: another key, another file
+    assert len(list((tmp_path / "prefixes").iterdir())) == 2
