@@ -113,7 +113,7 @@ KEYS: dict[str, Key] = {
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
                                "prompt with the same start (cpu backend; another is a ConfigError)"),
     "attention_mode": _rejected("KV quantization modes 3-6 (TQ3, TQ4) are not implemented; modes 1 and 2 "
-                                "(int8 keys; int8 keys and values) run on cpu and opencl, another backend is a "
+                                "(int8 keys; int8 keys and values) run on cpu, opencl and vulkan, on cuda they are a "
                                 "ConfigError; flash attention (attention_mode / 8) changes only speed",
                                 _quant_mode_int8, "attention_mode % 8 in 0, 1, 2"),
     "quant_qkv": _rejected("the deprecated spelling of attention_mode, read when attention_mode is unset",

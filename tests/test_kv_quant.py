@@ -92,13 +92,70 @@ def test_int8_kv_stays_within_mnns_own_int8_error_and_saves_memory(tmp_path, mod
     assert cache.nbytes < kv_heads * capacity * dim * 4 * 2     # float32 keys and values
 
 
+@pytest.mark.parametrize("variant, precision, kv_quant", [("cpu", "high", 2), ("gpu", "high", 1), ("cpu", "low", 1),
+                                                        ("gpu", "low", 2)])
+def test_vulkan_attention_over_an_int8_cache(variant, precision, kv_quant):
+    """A padded prefill then decode steps on Vulkan (lavapipe), both kernel families, against the
+    same int8 rounding (values kept as STORE, fp16 at precision low, in mode 1)."""
+    from mnngpu.backend import Node
+    from tests.backend.test_vulkan_ops import OneOp, make_backend
+    from tests.conftest import backend_or_skip
+
+    backend_or_skip("vulkan")
+    from mnngpu.backends.vulkan import VulkanBackend
+
+    backend = make_backend(VulkanBackend, precision, variant=variant)
+    backend.config.kv_quant = kv_quant
+    rng = np.random.default_rng(10 + kv_quant)
+    heads, kv_heads, dim, real, padded = 4, 2, 16, 5, 8
+    node = Node("Attention", "attn", P.AttentionParam(layer_index=0, output_c4=False))
+
+    def inputs(q, k, v):
+        seq = len(q)
+        return [q.reshape(1, seq, heads, dim), k.reshape(1, seq, kv_heads, dim), v.reshape(seq, kv_heads * dim, 1, 1),
+                np.zeros((1, 1, 1, 1), np.float32)]
+
+    total = real + 2
+    q, k, v = (rng.standard_normal((total, h, dim)).astype(np.float32) for h in (heads, kv_heads, kv_heads))
+    pad = np.full((padded - real, 1, 1), 9.0, np.float32)
+    prefill_in = inputs(*(np.concatenate([a[:real], pad * np.ones_like(a[:1])]) for a in (q, k, v)))
+    prefill, decode = OneOp(backend, node, prefill_in), OneOp(backend, node, inputs(q[:1], k[:1], v[:1]))
+    keys = int8_round_trip(k)
+    values = int8_round_trip(v) if kv_quant == 2 else v
+    if precision == "low" and kv_quant == 1:
+        values = values.astype(np.float16).astype(np.float32)
+    meta = backend.kv_meta
+    meta.add = real
+    got = prefill(*prefill_in).reshape(padded, heads, dim)[:real]
+    meta.sync()
+    rtol = 1e-4 if precision == "high" else 3e-3
+    want = reference.causal_attention(q[:real], keys[:real], values[:real], 0, 1 / np.sqrt(dim))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+    for t in range(real, total):
+        meta.add = 1
+        got = decode(*inputs(q[t:t + 1], k[t:t + 1], v[t:t + 1])).reshape(1, heads, dim)
+        meta.sync()
+        want = reference.causal_attention(q[t:t + 1], keys[:t + 1], values[:t + 1], t, 1 / np.sqrt(dim))
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+def test_vulkan_int8_kv_gives_the_cpu_int8_kv_logits():
+    from tests.conftest import backend_or_skip
+
+    backend_or_skip("vulkan")
+    ids = json.loads((MODEL_DIR / "reference.json").read_text())["prompts"][1]["ids"]
+    want = np.asarray(load_model(attention_mode=10).forward(ids))[0, -1]
+    got = np.asarray(load_model(attention_mode=10, backend_type="vulkan").forward(ids))[0, -1]
+    assert np.abs(got - want).max() < 1e-3 * want.std()
+
+
 def test_a_backend_without_kv_quantization_is_a_config_error_naming_it():
     from mnngpu.config import LlmConfig
     from mnngpu.runtime.schedule import RuntimeManager
 
     config = LlmConfig.load(MODEL_DIR)
-    config.set_config({"backend_type": "vulkan", "attention_mode": 10})
-    with pytest.raises(ConfigError, match="vulkan") as caught:
+    config.set_config({"backend_type": "cuda", "attention_mode": 10})
+    with pytest.raises(ConfigError, match="cuda") as caught:
         RuntimeManager.from_config(config)
     assert caught.value.field == "attention_mode"
 
