@@ -17,6 +17,7 @@ from mnngpu.chat import ChatSession
 from mnngpu.errors import CacheFileError, ConfigError
 from mnngpu.server.engine import ServedModel
 from mnngpu.server.protocol import parse_chat_request
+from tests.conftest import backend_or_skip
 from tests.reference_model import MODEL_DIR, hf_count, hf_render, load_model, recorded
 
 SYSTEM = "You are a helpful farmer who answers in few words."
@@ -93,12 +94,28 @@ def test_the_cache_folder_may_not_be_the_model_folder():
 
 
 def test_a_backend_without_kv_transfer_is_a_config_error_naming_it(tmp_path):
-    pytest.importorskip("pyopencl")
     model = llm.create(MODEL_DIR / "config.json")
-    model.set_config({"backend_type": "opencl", "prefix_cache_path": str(tmp_path)})
-    with pytest.raises(ConfigError, match="opencl") as caught:
+    model.set_config({"backend_type": "vulkan", "prefix_cache_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="vulkan") as caught:
         model.load()
     assert caught.value.field == "prefix_cache_path"
+
+
+@pytest.mark.parametrize("attention_mode", [8, 10])
+def test_the_prefix_cache_on_opencl(tmp_path, attention_mode):
+    """Stored from the device cache (fp32, or int8 codes) and written back into a fresh one: the
+    same logits as the model that stored it."""
+    backend_or_skip("opencl")
+    cache = str(tmp_path / "prefixes")
+    ids = recorded("hello")["ids"] * 5
+    head, rest = ids[:9], ids[9:]
+    settings = {"prefix_cache_path": cache, "backend_type": "opencl", "attention_mode": attention_mode}
+    first = load_model(**settings)
+    assert first.cache_prefix(head) == 0
+    want = last_logits(first, rest)
+    second = load_model(**settings)
+    assert second.cache_prefix(head) == len(head)
+    np.testing.assert_array_equal(last_logits(second, rest), want)
 
 
 def system_turn_tokens() -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.runtime.kv import attention_scale
+from mnngpu.runtime.kv import attention_scale, quantize_int8
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -25,17 +25,6 @@ KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
 
 def _zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
-
-
-def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (kv_heads, tokens, head_dim) -> int8 codes and float32 scales (kv_heads, tokens): one
-    symmetric scale per head and token, s = max|x| / 127, codes rint(x * (1 / s)), all in
-    float32 (the device kernels' arithmetic, so every backend stores the same codes)."""
-    x = np.asarray(x, dtype=np.float32)
-    scale = np.abs(x).max(axis=-1) / np.float32(127.0)
-    inverse = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
-    codes = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
-    return codes, scale
 
 
 class KVCache:

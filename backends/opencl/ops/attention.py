@@ -13,7 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.runtime.kv import attention_scale
+from mnngpu.runtime.kv import attention_scale, quantize_int8
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
@@ -69,6 +69,44 @@ class DeviceKVCache:
                         self._copy(scratch, buffer, 0, (head + start) * row_bytes, nbytes)
             start += length
         return start
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
+        return self._read_side("k", length), self._read_side("v", length)
+
+    def _read_side(self, name: str, length: int) -> np.ndarray:
+        int8 = self.int8[name == "v"]
+        dtype = np.int8 if int8 else self.backend.float_storage
+        values = self._rows(getattr(self, name), dtype, (length, self.head_dim), length)
+        if int8:
+            return values.astype(np.float32) * self._rows(getattr(self, name + "_scale"), np.float32, (length,),
+                                                          length)[..., None]
+        return values.astype(np.float32)
+
+    def _rows(self, buffer: cl.Buffer, dtype, row_shape: tuple[int, ...], length: int) -> np.ndarray:
+        """Each head's first `length` rows of `buffer`: (kv_heads, *row_shape)."""
+        host = np.empty((self.kv_heads, *row_shape), dtype=dtype)
+        head_bytes = self.capacity * host[0, 0].nbytes
+        for h in range(self.kv_heads):
+            cl.enqueue_copy(self.backend.queue, host[h], buffer, src_offset=h * head_bytes, is_blocking=True)
+        return host
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values (kv_heads, length, head_dim), coded as this cache codes them."""
+        self.ensure(keys.shape[1])
+        for name, array in (("k", keys), ("v", values)):
+            if self.int8[name == "v"]:
+                codes, scales = quantize_int8(array)
+                self._write_rows(getattr(self, name), codes)
+                self._write_rows(getattr(self, name + "_scale"), scales)
+            else:
+                self._write_rows(getattr(self, name), np.asarray(array, dtype=self.backend.float_storage))
+
+    def _write_rows(self, buffer: cl.Buffer, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows)
+        head_bytes = self.capacity * rows[0, 0].nbytes
+        for h in range(self.kv_heads):
+            cl.enqueue_copy(self.backend.queue, buffer, rows[h], dst_offset=h * head_bytes, is_blocking=True)
 
     def _copy(self, src: cl.Buffer, dst: cl.Buffer, src_offset: int, dst_offset: int, nbytes: int) -> None:
         cl.enqueue_copy(self.backend.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)
