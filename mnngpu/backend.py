@@ -150,13 +150,19 @@ class Backend(ABC):
     # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
     kv_transfer: bool = False
 
+    # Such a backend keeps `kv_caches` {layer: cache} and `kv_cache(layer, kv_heads, head_dim)`
+    # (made when absent); each cache has read(length) and write(keys, values).
+
     def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Each layer's first `length` keys and values: float32 (kv_heads, length, head_dim) each."""
-        raise NotImplementedError(f"the {self.type} backend cannot read its KV cache back")
+        self.finish()
+        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
 
     def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
-        raise NotImplementedError(f"the {self.type} backend cannot write its KV cache")
+        self.finish()
+        for layer, (keys, values) in layers.items():
+            self.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
 
 
 # backend_type -> (module, class name). The module is imported only when asked for, so a

@@ -111,7 +111,7 @@ KEYS: dict[str, Key] = {
                           "(KV cache in device memory)"),
     "tmp_path": _done("the folder kvcache_mmap and use_mmap write to; never inside the model folder"),
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
-                               "prompt with the same start (cpu and opencl; vulkan and cuda: a ConfigError)"),
+                               "prompt with the same start (cpu, opencl, vulkan; cuda: a ConfigError)"),
     "attention_mode": _rejected("KV quantization modes 3-6 (TQ3, TQ4) are not implemented; modes 1 and 2 "
                                 "(int8 keys; int8 keys and values) run on cpu, opencl and vulkan, on cuda they are a "
                                 "ConfigError; flash attention (attention_mode / 8) changes only speed",

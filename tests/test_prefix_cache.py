@@ -95,21 +95,21 @@ def test_the_cache_folder_may_not_be_the_model_folder():
 
 def test_a_backend_without_kv_transfer_is_a_config_error_naming_it(tmp_path):
     model = llm.create(MODEL_DIR / "config.json")
-    model.set_config({"backend_type": "vulkan", "prefix_cache_path": str(tmp_path)})
-    with pytest.raises(ConfigError, match="vulkan") as caught:
+    model.set_config({"backend_type": "cuda", "prefix_cache_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="cuda") as caught:
         model.load()
     assert caught.value.field == "prefix_cache_path"
 
 
-@pytest.mark.parametrize("attention_mode", [8, 10])
-def test_the_prefix_cache_on_opencl(tmp_path, attention_mode):
+@pytest.mark.parametrize("backend, attention_mode", [("opencl", 8), ("opencl", 10), ("vulkan", 8), ("vulkan", 10)])
+def test_the_prefix_cache_on_device_backends(tmp_path, backend, attention_mode):
     """Stored from the device cache (fp32, or int8 codes) and written back into a fresh one: the
     same logits as the model that stored it."""
-    backend_or_skip("opencl")
+    backend_or_skip(backend)
     cache = str(tmp_path / "prefixes")
     ids = recorded("hello")["ids"] * 5
     head, rest = ids[:9], ids[9:]
-    settings = {"prefix_cache_path": cache, "backend_type": "opencl", "attention_mode": attention_mode}
+    settings = {"prefix_cache_path": cache, "backend_type": backend, "attention_mode": attention_mode}
     first = load_model(**settings)
     assert first.cache_prefix(head) == 0
     want = last_logits(first, rest)

@@ -120,16 +120,7 @@ class OpenCLBackend(Backend):
 
     # ---- the KV cache ---------------------------------------------------------------------------
     kv_int8 = True   # attention_mode 1 and 2 (ops/attention.py)
-    kv_transfer = True   # the prefix cache
-
-    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        self.finish()
-        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
-
-    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        self.finish()
-        for layer, (keys, values) in layers.items():
-            self.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
+    kv_transfer = True   # the prefix cache (Backend.read_kv / write_kv over these caches)
 
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> DeviceKVCache:
         if layer not in self.kv_caches:

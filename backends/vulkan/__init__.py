@@ -134,6 +134,7 @@ class VulkanBackend(Backend):
         return self._scratch[nbytes]
 
     kv_int8 = True   # attention_mode 1 and 2 (ops/attention.py)
+    kv_transfer = True   # the prefix cache (Backend.read_kv / write_kv over these caches)
 
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
         cache = self.kv_caches.get(layer)

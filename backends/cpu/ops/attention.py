@@ -228,8 +228,4 @@ class CPUAttention(CPUExecution):
             attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel)
 
     def _cache(self) -> KVCache:
-        layer = self.node.param.layer_index
-        caches = self.backend.kv_caches
-        if layer not in caches:
-            caches[layer] = self.backend.new_kv_cache(self.kv_heads, self.dim)
-        return caches[layer]
+        return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)

@@ -16,7 +16,7 @@ import numpy as np
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import ConfigError, InputError
-from mnngpu.runtime.kv import attention_scale
+from mnngpu.runtime.kv import attention_scale, quantize_int8
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 
@@ -49,6 +49,38 @@ class KVCache:
     @property
     def scales(self) -> list:
         return [a for a in (self.k_scale, self.v_scale) if a is not None]
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
+        return self._read_side(self.k, self.k_scale, length), self._read_side(self.v, self.v_scale, length)
+
+    def _read_side(self, buffer, scales, length: int) -> np.ndarray:
+        rows = self._rows(buffer, scales is not None)[:, :length].astype(np.float32)
+        if scales is not None:
+            rows *= scales.read().reshape(self.kv_heads, self.capacity)[:, :length, None]
+        return rows
+
+    def _rows(self, buffer, int8: bool) -> np.ndarray:
+        values = buffer.read()
+        return (values.view(np.int8) if int8 else values).reshape(self.kv_heads, self.capacity, self.head_dim)
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values (kv_heads, length, head_dim), coded as this cache codes them."""
+        length = keys.shape[1]
+        if length > self.capacity:
+            raise InputError(f"{length} stored tokens exceed the Vulkan KV cache of {self.capacity}",
+                             field="max_all_tokens")
+        for buffer, scales, array in ((self.k, self.k_scale, keys), (self.v, self.v_scale, values)):
+            rows = self._rows(buffer, scales is not None)
+            if scales is None:
+                rows[:, :length] = array
+            else:
+                codes, scale = quantize_int8(array)
+                rows[:, :length] = codes
+                all_scales = scales.read().reshape(self.kv_heads, self.capacity)
+                all_scales[:, :length] = scale
+                scales.write(all_scales)
+            buffer.write(rows.reshape(-1).view(buffer.dtype))
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end.
