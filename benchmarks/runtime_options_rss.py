@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 
 CASES = {
     "float KV": {},
@@ -70,11 +69,9 @@ def main() -> None:
         for name, overrides in CASES.items():
             if any(key.endswith("mmap") for key in overrides):
                 overrides = {**overrides, "tmp_path": scratch}
-            started = time.perf_counter()
             r = run_case(args.model, args.tokens, args.chunk, args.threads, overrides)
             print(f"| {name} | {r['peak_mib']:.0f} | {r['anon_mib']:.0f} | {r['file_mib']:.0f} | {r['kv_mib']:.0f} | "
                   f"{r['prefill_s']:.1f} |", flush=True)
-            del started
 
 
 if __name__ == "__main__":
