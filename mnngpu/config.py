@@ -301,6 +301,15 @@ def _parse_object(text: str, source: str) -> dict[str, Any]:
     return value
 
 
+def as_overrides(overrides: str | Mapping[str, Any]) -> dict[str, Any]:
+    """set_config's argument as a dict: a JSON object string (parsed) or a mapping."""
+    if isinstance(overrides, str):
+        return _parse_object(overrides, SET_CONFIG)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}", path=SET_CONFIG)
+    return dict(overrides)
+
+
 def _read_object(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -412,12 +421,7 @@ class LlmConfig:
         """Deep-merge overrides (a JSON object string or a dict) on top; then re-check everything.
 
         On a bad value the error is raised and the configuration is left as it was."""
-        if isinstance(overrides, str):
-            overrides = _parse_object(overrides, SET_CONFIG)
-        elif not isinstance(overrides, Mapping):
-            raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}",
-                              path=SET_CONFIG)
-        overrides = dict(overrides)
+        overrides = as_overrides(overrides)
         if "base_dir" in overrides:
             warnings.warn(f"{SET_CONFIG}: base_dir: ignored; as in MNN, only config.json can set it",
                           ConfigWarning, stacklevel=2)

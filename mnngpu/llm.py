@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import backend_class
-from mnngpu.config import ConfigWarning, LlmConfig
+from mnngpu.config import ConfigWarning, LlmConfig, as_overrides
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation import ar
@@ -43,12 +43,6 @@ LOAD_TIME_KEYS = frozenset({
     "attention_mode", "quant_qkv", "attn_scale", "llm_model", "llm_weight", "tokenizer_file", "embedding_file",
     "context_file", "hidden_size", "layer_nums", "tie_embeddings", "prefix_cache_path",
 })
-
-
-def _parse_overrides(text: str) -> dict:
-    from mnngpu.config import SET_CONFIG, _parse_object
-
-    return _parse_object(text, SET_CONFIG)
 
 
 def _open_prefix_cache(cfg: LlmConfig) -> PrefixCache | None:
@@ -118,8 +112,7 @@ class Llm:
         """Merge overrides into the config. After load() they reach the chat template
         (system_prompt, use_template, jinja) and the sampler; a key only load() reads takes
         effect at the next load(), and says so."""
-        if isinstance(overrides, str):
-            overrides = _parse_overrides(overrides)
+        overrides = as_overrides(overrides)
         self.config.set_config(overrides)
         if self._loaded:
             self._prompt = None
