@@ -80,6 +80,7 @@ class BackendConfig:
     tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files
     kvcache_mmap: bool = False  # the KV cache in files under tmp_path
     use_mmap: bool = False      # the weights a backend converts at load in files under tmp_path
+    kv_quant: int = 0           # KV cache: 0 float, 1 int8 keys, 2 int8 keys and values (attention_mode)
 
     @property
     def fp32(self) -> bool:
@@ -167,17 +168,29 @@ class Backend(ABC):
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
 
+    # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
+    kv_int8: bool = False
+
+    # Packed weights are host arrays any instance can use: create_lora shares them with the base.
+    host_weights: bool = False
+
     # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
     # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
     kv_transfer: bool = False
 
+    # Such a backend keeps `kv_caches` {layer: cache} and `kv_cache(layer, kv_heads, head_dim)`
+    # (made when absent); each cache has read(length) and write(keys, values).
+
     def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Each layer's first `length` keys and values: float32 (kv_heads, length, head_dim) each."""
-        raise NotImplementedError(f"the {self.type} backend cannot read its KV cache back")
+        self.finish()
+        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
 
     def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
-        raise NotImplementedError(f"the {self.type} backend cannot write its KV cache")
+        self.finish()
+        for layer, (keys, values) in layers.items():
+            self.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
 
 
 class DeviceWarning(UserWarning):

@@ -309,6 +309,17 @@ def _parse_object(text: str, source: str) -> dict[str, Any]:
     return value
 
 
+def as_overrides(overrides: str | Mapping[str, Any], source: str | None = SET_CONFIG) -> dict[str, Any]:
+    """set_config's argument as a dict: a JSON object string (parsed) or a mapping; errors blame
+    `source` (none: only the key)."""
+    if isinstance(overrides, str):
+        return _parse_object(overrides, source)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}",
+                          path=source or None)
+    return dict(overrides)
+
+
 def _read_object(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -422,12 +433,7 @@ class LlmConfig:
         Errors and warnings blame `source` (COMMAND_LINE: no file, only the key).
 
         On a bad value the error is raised and the configuration is left as it was."""
-        if isinstance(overrides, str):
-            overrides = _parse_object(overrides, source)
-        elif not isinstance(overrides, Mapping):
-            raise ConfigError(f"expected a JSON string or a dict, got {type(overrides).__name__}",
-                              path=source or None)
-        overrides = dict(overrides)
+        overrides = as_overrides(overrides, source)
         if "base_dir" in overrides:
             warnings.warn(f"{_blamed(source, 'base_dir')}: ignored; as in MNN, only config.json can set it",
                           ConfigWarning, stacklevel=2)

@@ -39,9 +39,9 @@ def _equals(*values: Any) -> Callable[[Any], bool]:
     return lambda value: value in values
 
 
-def _quant_mode_none(value: Any) -> bool:
-    # attention_mode = flash * 8 + kv quant mode; flash attention changes only speed.
-    return isinstance(value, int) and value % 8 == 0
+def _quant_mode_int8(value: Any) -> bool:
+    # attention_mode = flash * 8 + KV quant mode; flash attention changes only speed.
+    return isinstance(value, int) and value % 8 in (0, 1, 2)
 
 
 def _done(note: str) -> Key:
@@ -113,12 +113,13 @@ KEYS: dict[str, Key] = {
                           "(KV cache in device memory)"),
     "tmp_path": _done("the folder kvcache_mmap and use_mmap write to; never inside the model folder"),
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
-                               "prompt with the same start (cpu backend; another is a ConfigError)"),
-    "attention_mode": _rejected("KV cache quantization (attention_mode % 8) is not implemented; flash "
-                                "attention (attention_mode / 8) changes only speed", _quant_mode_none,
-                                "a multiple of 8 (no KV quantization)"),
+                               "prompt with the same start (cpu, opencl, vulkan; cuda: a ConfigError)"),
+    "attention_mode": _rejected("KV quantization modes 3-6 (TQ3, TQ4) are not implemented; modes 1 and 2 "
+                                "(int8 keys; int8 keys and values) run on cpu, opencl and vulkan, on cuda they are a "
+                                "ConfigError; flash attention (attention_mode / 8) changes only speed",
+                                _quant_mode_int8, "attention_mode % 8 in 0, 1, 2"),
     "quant_qkv": _rejected("the deprecated spelling of attention_mode, read when attention_mode is unset",
-                           _quant_mode_none, "a multiple of 8 (no KV quantization)"),
+                           _quant_mode_int8, "quant_qkv % 8 in 0, 1, 2"),
     "cpu_sme2_neon_division_ratio": _warned("Arm SME work split (speed only)"),
     "cpu_sme_core_num": _warned("Arm SME cores (speed only)"),
     # ---- the model's facts -------------------------------------------------------------------
@@ -162,11 +163,13 @@ KEYS: dict[str, Key] = {
     **{key: _done("an older spelling the sampler falls back to, as MNN's")
        for key in ("topK", "topP", "minP", "tfsZ", "penalty")},
     # ---- speculative decoding ----------------------------------------------------------------
-    "speculative_type": _warned("speculative decoding (speed only): the generation strategy factory's key"),
-    **{key: _inert(_SPECULATIVE) for key in (
+    "speculative_type": _done("the generation strategy (mnngpu/generation): lookahead runs, with AR's tokens; "
+                              "mtp, eagle and dflash are a ConfigError at load saying what is missing"),
+    **{key: _done("lookahead's settings, as MNN's") for key in (
         "draft_predict_length", "draft_match_strictness", "draft_selection_rule", "ngram_match_maxlen",
-        "ngram_update", "lookup_file", "draft_model", "mtp_model", "eagle_model", "eagle_fc", "eagle_d2t",
-        "eagle_depth", "eagle_topk")},
+        "ngram_update", "lookup_file")},
+    **{key: _inert(_SPECULATIVE + "; mtp and eagle are refused at load") for key in (
+        "draft_model", "mtp_model", "eagle_model", "eagle_fc", "eagle_d2t", "eagle_depth", "eagle_topk")},
     **{key: _inert(_DFLASH) for key in (
         "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
         "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input")},

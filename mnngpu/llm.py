@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import backend_class
-from mnngpu.config import ConfigWarning, LlmConfig
+from mnngpu.config import ConfigWarning, LlmConfig, as_overrides
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation.factory import create_strategy
@@ -28,6 +29,7 @@ from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
+from mnngpu.runtime.static_module import weights_location
 from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
 from mnngpu.validate import validate_model
@@ -53,12 +55,6 @@ LOAD_TIME_KEYS = frozenset({
 })
 
 
-def _parse_overrides(text: str) -> dict:
-    from mnngpu.config import SET_CONFIG, _parse_object
-
-    return _parse_object(text, SET_CONFIG)
-
-
 def _open_prefix_cache(cfg: LlmConfig) -> PrefixCache | None:
     directory = cache_directory(cfg)
     if directory is None:
@@ -67,6 +63,17 @@ def _open_prefix_cache(cfg: LlmConfig) -> PrefixCache | None:
         raise ConfigError(f"the prefix cache is not implemented on the {cfg.backend_type} backend",
                           path=cfg.origin("prefix_cache_path"), field="prefix_cache_path")
     return PrefixCache(directory, lambda: model_key(cfg))
+
+
+def _check_lora_shares_the_base(net, base, lora_path) -> None:
+    """A LoRA graph holds every weight op of its base model, reading the same place in the weight
+    file; one that does not was made for another model (checked before any weight is read)."""
+    locations = {op.name: weights_location(op) for op in net.ops}
+    missing = [name for name, (location, _) in base.pipeline_module.static_module.weight_nodes.items()
+               if locations.get(name) != location]
+    if missing:
+        raise ModelFormatError(f"not a LoRA graph of this model: its op {missing[0]} (and {len(missing) - 1} more) "
+                               "does not read the base model's weights where the base's does", path=lora_path)
 
 
 def _warn_load_time_keys(overrides: dict) -> None:
@@ -107,6 +114,7 @@ class Llm:
         self.context = LlmContext()
         self._loaded = False
         self._tokenizer = None
+        self._lora_base: Llm | None = None   # create_lora(): the model whose weights this one shares
         self.prefix_cache: PrefixCache | None = None
         self._verified: list[int] = []   # the last verify block, until discard()
 
@@ -115,8 +123,7 @@ class Llm:
         """Merge overrides into the config. After load() they reach the chat template
         (system_prompt, use_template, jinja) and the sampler; a key only load() reads takes
         effect at the next load(), and says so."""
-        if isinstance(overrides, str):
-            overrides = _parse_overrides(overrides)
+        overrides = as_overrides(overrides)
         self.config.set_config(overrides)
         if self._loaded:
             self._prompt = None
@@ -140,8 +147,11 @@ class Llm:
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         self.strategy = create_strategy(cfg, net.output_names)
-        module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True)
+        module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True,
+                                     base=self._base_module())
         report("weights packed", 0, 1)
+        if module_config.base is not None:
+            _check_lora_shares_the_base(net, module_config.base, cfg.model_path)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime, net=net)
         self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length)
         report("weights packed", 1, 1)
@@ -167,6 +177,31 @@ class Llm:
             self._prompt = Prompt(self.config.raw, tokenizer_template=tok.chat_template or "",
                                   tokenizer_eos=tok.eos_token or "", tokenizer_bos=tok.bos_token or "")
         return self._prompt
+
+    # ---- LoRA -----------------------------------------------------------------------------------
+    def create_lora(self, lora_path: str | os.PathLike) -> Llm:
+        """A loaded Llm that runs the LoRA graph `lora_path` (the lora.mnn `llmexport --lora_split`
+        writes; relative to base_dir, as MNN takes llm_model) on this model's weights, as MNN's
+        create_lora does: every layer the two graphs share uses this model's packed weights in
+        memory (CPU backend), the adapters' own small layers are the LoRA graph's. It has its own
+        KV cache and context."""
+        self._require_loaded()
+        config = copy.deepcopy(self.config)
+        config.set_config({"llm_model": os.fspath(lora_path), "use_mmap": False})
+        lora = Llm(config)
+        lora._lora_base = self
+        lora.load()
+        return lora
+
+    def _base_module(self):
+        """The module whose weights this load shares (create_lora), or None."""
+        if self._lora_base is None:
+            return None
+        if not backend_class(self.config.backend_type).host_weights:
+            warnings.warn(f"create_lora: the {self.config.backend_type} backend keeps weights in device memory "
+                          "per model, so the LoRA model holds its own copy", ConfigWarning, stacklevel=3)
+            return None
+        return next(iter(self._lora_base.pool.modules.values()))
 
     def _require_loaded(self) -> None:
         if not self._loaded:

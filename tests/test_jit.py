@@ -106,20 +106,26 @@ def test_silu_twins(kernel, shape):
     reference.assert_close(twin, reference.silu_mul(up, gate), 1e-6)
 
 
-def test_attend_one_twin():
+@pytest.mark.parametrize("int8", [False, True])
+def test_attend_one_twin(int8):
     rng = np.random.default_rng(RNG_SEED)
     heads, kv_heads, dim, capacity, total = 4, 2, 16, 32, 11
     q = rng.normal(size=(heads, dim)).astype(np.float32)
     keys, values = (rng.normal(size=(kv_heads, capacity, dim)).astype(np.float32) for _ in range(2))
+    scales = [np.ones((kv_heads, capacity), np.float32), np.ones((kv_heads, capacity), np.float32)]
+    if int8:   # codes and a scale per head and token, as the int8 KV cache stores them
+        scales = [np.abs(a).max(axis=2) / 127 for a in (keys, values)]
+        keys, values = (np.rint(a / s[:, :, None]).astype(np.int8) for a, s in zip((keys, values), scales))
     scale = np.float32(dim ** -0.5)
 
     def args():
-        return q, keys, values, total, scale, np.empty((heads, total), np.float32), np.empty((heads, dim), np.float32)
+        return (q, keys, scales[0], values, scales[1], total, scale, np.empty((heads, total), np.float32),
+                np.empty((heads, dim), np.float32))
 
-    (compiled, twin), = _both(attention.attend_one, args, (6,))
+    (compiled, twin), = _both(attention.attend_one, args, (8,))
     # the reference's layout: (seq, heads, dim), one query after total - 1 cached keys
-    k = keys[:, :total].transpose(1, 0, 2)
-    v = values[:, :total].transpose(1, 0, 2)
+    k = (keys[:, :total] * scales[0][:, :total, None]).transpose(1, 0, 2)
+    v = (values[:, :total] * scales[1][:, :total, None]).transpose(1, 0, 2)
     want = reference.causal_attention(q[None], k, v, total - 1, float(scale))[0]
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)

@@ -17,6 +17,7 @@ from mnngpu.chat import ChatSession
 from mnngpu.errors import CacheFileError, ConfigError
 from mnngpu.server.engine import ServedModel
 from mnngpu.server.protocol import parse_chat_request
+from tests.conftest import backend_or_skip
 from tests.reference_model import MODEL_DIR, hf_count, hf_render, load_model, recorded
 
 SYSTEM = "You are a helpful farmer who answers in few words."
@@ -93,12 +94,28 @@ def test_the_cache_folder_may_not_be_the_model_folder():
 
 
 def test_a_backend_without_kv_transfer_is_a_config_error_naming_it(tmp_path):
-    pytest.importorskip("pyopencl")
     model = llm.create(MODEL_DIR / "config.json")
-    model.set_config({"backend_type": "opencl", "prefix_cache_path": str(tmp_path)})
-    with pytest.raises(ConfigError, match="opencl") as caught:
+    model.set_config({"backend_type": "cuda", "prefix_cache_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="cuda") as caught:
         model.load()
     assert caught.value.field == "prefix_cache_path"
+
+
+@pytest.mark.parametrize("backend, attention_mode", [("opencl", 8), ("opencl", 10), ("vulkan", 8), ("vulkan", 10)])
+def test_the_prefix_cache_on_device_backends(tmp_path, backend, attention_mode):
+    """Stored from the device cache (fp32, or int8 codes) and written back into a fresh one: the
+    same logits as the model that stored it."""
+    backend_or_skip(backend)
+    cache = str(tmp_path / "prefixes")
+    ids = recorded("hello")["ids"] * 5
+    head, rest = ids[:9], ids[9:]
+    settings = {"prefix_cache_path": cache, "backend_type": backend, "attention_mode": attention_mode}
+    first = load_model(**settings)
+    assert first.cache_prefix(head) == 0
+    want = last_logits(first, rest)
+    second = load_model(**settings)
+    assert second.cache_prefix(head) == len(head)
+    np.testing.assert_array_equal(last_logits(second, rest), want)
 
 
 def system_turn_tokens() -> int:
@@ -133,3 +150,21 @@ def test_a_second_served_request_with_the_same_system_prompt_prefills_only_the_n
     assert usages[0].cached_tokens == 0
     assert usages[1].cached_tokens == system_turn_tokens()
     assert usages[1].prompt_tokens == usages[0].prompt_tokens
+
+
+def test_a_prefix_stored_with_int8_kv_reloads_the_same_codes(tmp_path):
+    """attention_mode 10 (int8 keys and values): the file holds the dequantized values, and
+    coding them again gives back the same codes, so the reloaded model computes what the one
+    that stored them computes."""
+    cache = str(tmp_path / "prefixes")
+    ids = recorded("hello")["ids"] * 5
+    head, rest = ids[:9], ids[9:]
+    first = load_model(prefix_cache_path=cache, attention_mode=10)
+    first.cache_prefix(head)
+    want = last_logits(first, rest)
+    second = load_model(prefix_cache_path=cache, attention_mode=10)
+    assert second.cache_prefix(head) == len(head)
+    np.testing.assert_array_equal(last_logits(second, rest), want)
+    assert len(list((tmp_path / "prefixes").iterdir())) == 1
+    load_model(prefix_cache_path=cache).cache_prefix(head)   # float KV: another key, another file
+    assert len(list((tmp_path / "prefixes").iterdir())) == 2

@@ -27,6 +27,8 @@ MANIFEST = SHADER_DIR / "manifest.json"
 FLAGS = ["--target-env=vulkan1.1", "-O"]
 FLOATS = {"f32": [], "f16": ["FP16"]}  # STORE, the KV cache's and dense weights' element type
 WEIGHTS = {"q4": ["Q4"], "q8": ["Q8"], "dense_f32": ["DENSE"], "dense_f16": ["DENSE", "FP16"]}
+# attention_mode 1 (int8 keys, values of STORE) and 2 (int8 keys and values)
+KV_INT8 = {"k8_f32": ["KEY_INT8"], "k8_f16": ["KEY_INT8", "FP16"], "kv8": ["KEY_INT8", "VALUE_INT8"]}
 LINEAR = {**WEIGHTS, **{f"{kind}_gated": defines + ["GATED"] for kind, defines in WEIGHTS.items()}}
 
 # source stem -> {variant: defines}; variant "" builds <stem>.spv
@@ -40,8 +42,9 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
     "linear_gemv": LINEAR,
     "linear_gemm": LINEAR,
     "kv_store": FLOATS,
-    "attention": FLOATS,
-    "attention_rows": FLOATS,
+    "kv_store_int8": KV_INT8,
+    "attention": {**FLOATS, **KV_INT8},
+    "attention_rows": {**FLOATS, **KV_INT8},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

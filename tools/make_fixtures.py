@@ -57,6 +57,7 @@ class FixtureSpec:
     export_args: list[str]
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
+    lora: bool = False               # also export lora.mnn from a random adapter (--lora_path --lora_split)
 
 
 SPECS = [
@@ -64,6 +65,7 @@ SPECS = [
     FixtureSpec("qwen3_int4_b64", "qwen3", ["--quant_bit", "4", "--quant_block", "64"], hf_overrides={"head_dim": 32}),
     FixtureSpec("llama_tied_int4", "llama", ["--quant_bit", "4", "--quant_block", "64"], tied=True),
     FixtureSpec("qwen2_int8_b0", "qwen2", ["--quant_bit", "8", "--quant_block", "0"]),
+    FixtureSpec("qwen2_lora", "qwen2", ["--quant_bit", "4", "--quant_block", "64"], lora=True),
     FixtureSpec("llama_sym_int4", "llama", ["--quant_bit", "4", "--quant_block", "32", "--sym"]),
     FixtureSpec("qwen2_embed_int8", "qwen2", ["--quant_bit", "4", "--quant_block", "64", "--embed_bit", "8"]),
     FixtureSpec("qwen3_embed_int4", "qwen3", ["--quant_bit", "8", "--quant_block", "64", "--embed_bit", "4"],
@@ -101,6 +103,32 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
     model.save_pretrained(hf_dir)
 
 
+LORA_RANK, LORA_ALPHA, LORA_TARGETS = 4, 8, ("q_proj", "v_proj")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def build_lora_adapter(spec: FixtureSpec, adapter_dir: Path) -> None:
+    """A PEFT-layout LoRA adapter with random A and B (B nonzero, so the adapter changes the
+    output) for q_proj and v_proj of every layer: what `llmexport --lora_path` reads."""
+    import torch
+    from safetensors.torch import save_file
+
+    shape = {**TINY_SHAPE, **spec.hf_overrides}
+    head_dim = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    outputs = {"q_proj": shape["num_attention_heads"] * head_dim, "v_proj": shape["num_key_value_heads"] * head_dim}
+    generator = torch.Generator().manual_seed(7)
+    tensors = {}
+    for layer in range(shape["num_hidden_layers"]):
+        for target in LORA_TARGETS:
+            stem = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            tensors[f"{stem}.lora_A.weight"] = torch.randn(LORA_RANK, shape["hidden_size"], generator=generator) * 0.1
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(outputs[target], LORA_RANK, generator=generator) * 0.1
+    adapter_dir.mkdir(parents=True)
+    save_file(tensors, str(adapter_dir / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA, "target_modules": list(LORA_TARGETS)}
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
+
+
 def mnn_op_counts(model_dir: Path) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "llm.json"
@@ -135,12 +163,21 @@ def make_fixture(spec: FixtureSpec) -> Path:
         hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "out"
         tok = build_tokenizer(hf_dir)
         build_hf_model(spec, hf_dir, vocab_size=tok.get_vocab_size())
-        export_mnn(hf_dir, out_dir, *spec.export_args)
+        extra = []
+        if spec.lora:
+            build_lora_adapter(spec, Path(tmp) / "adapter")
+            extra = ["--lora_path", str(Path(tmp) / "adapter"), "--lora_split"]
+        export_mnn(hf_dir, out_dir, *spec.export_args, *extra)
         copy_model_files(out_dir, dest)
         (dest / "hf").mkdir()
         for name in HF_FILES:
             if (hf_dir / name).exists():
                 shutil.copy2(hf_dir / name, dest / "hf" / name)
+        if spec.lora:
+            shutil.copy2(out_dir / "lora.mnn", dest / "lora.mnn")
+            (dest / "hf" / "adapter").mkdir()
+            for name in ADAPTER_FILES:
+                shutil.copy2(Path(tmp) / "adapter" / name, dest / "hf" / "adapter" / name)
     reference = record_oracle(dest)
     reference["export_args"] = spec.export_args
     reference["family"] = spec.family

@@ -133,23 +133,24 @@ class CPUBackend(Backend):
             buffer = self._scratch[key] = np.empty(size, dtype=np.float32)
         return buffer[:size].reshape(shape)
 
-    def kv_zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+    def kv_zeros(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """A KV cache array: in a file under tmp_path with kvcache_mmap, else in memory."""
         if self.kv_files is not None:
-            return self.kv_files.zeros(shape)
-        return np.zeros(shape, dtype=np.float32)
+            return self.kv_files.zeros(shape, dtype)
+        return np.zeros(shape, dtype=dtype)
 
     # ---- the prefix cache ----------------------------------------------------------------------
-    kv_transfer = True
+    kv_transfer = True   # Backend.read_kv / write_kv over these caches
+    kv_int8 = True
+    host_weights = True
 
-    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
-
-    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        self.kv_caches = {}
-        for layer, (keys, values) in layers.items():
-            cache = self.kv_caches[layer] = KVCache(keys.shape[0], keys.shape[2], zeros=self.kv_zeros)
-            cache.write(keys, values)
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
+        """Layer `layer`'s cache, made empty when absent: int8 keys (and values) per kv_quant, in
+        files with kvcache_mmap."""
+        if layer not in self.kv_caches:
+            self.kv_caches[layer] = KVCache(kv_heads, head_dim, zeros=self.kv_zeros,
+                                            int8_keys=self.config.kv_quant >= 1, int8_values=self.config.kv_quant == 2)
+        return self.kv_caches[layer]
 
     def parallel(self, fn, count: int) -> None:
         """fn(0..count-1) spread over the backend's threads (prefill tiles)."""

@@ -123,9 +123,13 @@ class OpenCLBackend(Backend):
         return cl.Kernel(self.device.program(source, {**storage, **defines}), name)
 
     # ---- the KV cache ---------------------------------------------------------------------------
+    kv_int8 = True   # attention_mode 1 and 2 (ops/attention.py)
+    kv_transfer = True   # the prefix cache (Backend.read_kv / write_kv over these caches)
+
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> DeviceKVCache:
         if layer not in self.kv_caches:
-            self.kv_caches[layer] = DeviceKVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN)
+            int8 = (self.config.kv_quant >= 1, self.config.kv_quant == 2)
+            self.kv_caches[layer] = DeviceKVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN, int8)
         return self.kv_caches[layer]
 
     def set_kv_length(self, length: int) -> None:

@@ -147,10 +147,14 @@ class VulkanBackend(Backend):
             self._scratch[nbytes] = DeviceTensor(self.arena, nbytes, np.float32)
         return self._scratch[nbytes]
 
+    kv_int8 = True   # attention_mode 1 and 2 (ops/attention.py)
+    kv_transfer = True   # the prefix cache (Backend.read_kv / write_kv over these caches)
+
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
         cache = self.kv_caches.get(layer)
         if cache is None:
-            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN)
+            int8 = (self.config.kv_quant >= 1, self.config.kv_quant == 2)
+            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN, int8)
         elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
             raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
                                    field="Attention.layer_index")

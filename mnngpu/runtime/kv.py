@@ -80,3 +80,14 @@ def attention_scale(op_scale: float, head_dim: int, meta: KVMeta | None) -> floa
     if meta is not None and meta.attn_scale > 0:
         return float(meta.attn_scale)
     return float(1.0 / np.sqrt(head_dim))
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., head_dim) -> int8 codes and float32 scales (...): the int8 KV cache's coding
+    (attention_mode 1, 2). One symmetric scale per row, s = max|x| / 127, codes rint(x * (1/s)),
+    all in float32: the device kernels' arithmetic, so every backend stores the same codes."""
+    x = np.asarray(x, dtype=np.float32)
+    scale = np.abs(x).max(axis=-1) / np.float32(127.0)
+    inverse = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
+    codes = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
+    return codes, scale

@@ -23,6 +23,7 @@ from mnngpu.runtime.session import Session
 class ModuleConfig:
     shape_mutable: bool = True   # False for GPU/NPU: resize once per pool module
     rearrange: bool = True       # pack weights for the backend at load, drop the raw copy
+    base: NetModule | None = None   # MNN's base module: reuse its packed weights where an op matches (LoRA)
 
 
 class NetModule:
@@ -49,4 +50,5 @@ class Module:
         """`net`: the already-parsed graph of model_path, when the caller has one."""
         net = net if net is not None else read_net(model_path)
         weights = WeightFile(weight_path)
-        return NetModule(PipelineModule(net, weights, runtime, config.rearrange), config)
+        base = config.base.pipeline_module.static_module if config.base is not None else None
+        return NetModule(PipelineModule(net, weights, runtime, config.rearrange, base), config)

@@ -17,7 +17,8 @@ from mnngpu.runtime.static_module import StaticModule
 
 
 class PipelineModule:
-    def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager, rearrange: bool = True):
+    def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager, rearrange: bool = True,
+                 base: StaticModule | None = None):
         self.input_names = [op.name for op in net.ops if op.type == "Input"]
         self.output_names = list(net.output_names)
         unknown = [n for n in self.output_names if n not in net.tensor_names]
@@ -25,4 +26,4 @@ class PipelineModule:
             raise ModelFormatError(f"graph outputs {unknown} name no tensor", field="outputName")
         constants: dict[int, np.ndarray] = {op.outputs[0]: op.param.array(weights)
                                             for op in net.ops if op.type == "Const"}
-        self.static_module = StaticModule(net, weights, runtime, constants, rearrange)
+        self.static_module = StaticModule(net, weights, runtime, constants, rearrange, base)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from mnngpu.backend import Backend, BackendConfig, backend_class, create_backend
+from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, create_backend
 from mnngpu.config import ConfigWarning
+from mnngpu.errors import ConfigError
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.placement import PlacementTable
 
@@ -34,7 +35,8 @@ class RuntimeManager:
     def from_config(cls, config) -> "RuntimeManager":
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
-                                strict_device=config.strict_device, **_mapped_files(config))
+                                strict_device=config.strict_device, kv_quant=_kv_quant(config),
+                                **_mapped_files(config))
         manager = cls(ScheduleConfig(config.backend_type, backend))
         manager.kv_meta.attn_scale = config.attn_scale or 0.0
         return manager
@@ -75,3 +77,21 @@ def _mapped_files(config) -> dict:
         return {}
     needed_by = " and ".join(key for key, value in wanted.items() if value)
     return {**wanted, "tmp_path": str(config.writable_folder("tmp_path", needed_by))}
+
+
+def _kv_quant(config) -> int:
+    """attention_mode % 8 as MNN's CPU attention applies it: 1 quantizes keys to int8, 2 keys and
+    values; values only with flash attention (attention_mode >= 8), and, with reuse_kv, mode 10
+    runs as 9 (MNN's Llm::setRuntimeHint). Only backends with kv_int8 have it."""
+    mode = config.attention_mode
+    if config.reuse_kv and mode == 10:
+        mode = 9
+    quant = mode % 8
+    if quant == 2 and mode < 8:
+        quant = 1
+    if quant and not backend_class(config.backend_type).kv_int8:
+        have = [name for name in REGISTRY if backend_class(name).kv_int8]
+        raise ConfigError(f"{config.attention_mode}: KV cache quantization is not implemented on the "
+                          f"{config.backend_type} backend (only on {', '.join(have)}); use a multiple of 8",
+                          path=config.origin("attention_mode") or config.origin("quant_qkv"), field="attention_mode")
+    return quant

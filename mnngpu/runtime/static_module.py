@@ -35,29 +35,59 @@ def decode_weights(op, weights: WeightFile) -> dict:
     return {}
 
 
+def weights_location(op) -> tuple | None:
+    """Where an op's weights sit in the weight file (its `external` entry); None for none or inline."""
+    external = getattr(op.param, "external", None) if op.type in WEIGHT_OPS else None
+    return (op.type, tuple(external)) if external else None
+
+
+WEIGHT_OPS = ("Convolution", "LayerNorm")
+
+
 class StaticModule:
     def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager,
-                 constants: dict[int, np.ndarray], rearrange: bool = True):
+                 constants: dict[int, np.ndarray], rearrange: bool = True, base: StaticModule | None = None):
         self.net = net
         self.runtime = runtime
         self.constants = constants
         self.inputs: list[GraphInput] = []
         self.ops: list[GraphOp] = []
+        # name -> (where its weights sit, the node with them decoded and packed): a base for another module
+        self.weight_nodes: dict[str, tuple[tuple, Node]] = {}
+        self.shared: list[str] = []   # ops whose packed weights came from `base`
         backend = runtime.backend()
         for op in net.ops:
             if op.type == "Input":
                 self.inputs.append(self._graph_input(op))
             elif op.type != "Const":
-                node = Node(op.type, op.name, op.param, decode_weights(op, weights))
-                if node.weights:
-                    node.source = partial(decode_weights, op, weights)
-                if rearrange:
-                    backend.rearrange(node)
-                    node.packed_for.add(backend.type)
+                node = self._shared_node(op, base) or self._new_node(op, weights, backend, rearrange)
+                if weights_location(op) is not None:
+                    self.weight_nodes[op.name] = (weights_location(op), node)
                 self.ops.append(GraphOp(node, list(op.inputs), list(op.outputs)))
         self.outputs = {name: net.tensor_names.index(name) for name in net.output_names}
         # Fused node types are used only where this backend's executions table has them.
         self.ops = fuse(self.ops, set(backend.executions), set(self.outputs.values()))
+
+    @staticmethod
+    def _new_node(op, weights: WeightFile, backend, rearrange: bool) -> Node:
+        node = Node(op.type, op.name, op.param, decode_weights(op, weights))
+        if node.weights:
+            node.source = partial(decode_weights, op, weights)
+        if rearrange:
+            backend.rearrange(node)
+            node.packed_for.add(backend.type)
+        return node
+
+    def _shared_node(self, op, base: StaticModule | None) -> Node | None:
+        """MNN's base module: an op whose name and weight location match the base's reuses the
+        base's packed weights instead of decoding them again."""
+        if base is None or op.name not in base.weight_nodes:
+            return None
+        location, base_node = base.weight_nodes[op.name]
+        if location != weights_location(op):
+            return None
+        self.shared.append(op.name)
+        return Node(op.type, op.name, op.param, base_node.weights, base_node.source, set(base_node.packed_for))
 
     @staticmethod
     def _graph_input(op) -> GraphInput:

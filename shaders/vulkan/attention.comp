@@ -3,12 +3,32 @@
 // row s (at position past + s) sees cache entries 0 .. past + s. Heads share kv head
 // h / (heads / kv_heads). Scores go through `scores` (float, [seq * heads, capacity]) in
 // three passes: dot products and their max, exp and their sum, then the weighted sum of values.
+// With KEY_INT8 / VALUE_INT8 (kv_int8.glsl) the cache holds codes and bindings 6 / 7 the scales.
 #include "common.glsl"
+#include "kv_int8.glsl"
 #define MAX_HEAD_DIM 256u
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
+#ifdef KEY_INT8
+layout(std430, binding = 1) readonly buffer KC { uint k_cache[]; };
+layout(std430, binding = 6) readonly buffer KS { float k_scale[]; };
+#define KEY(at) code_at(k_cache[(at) / 4u], (at) % 4u)
+#define KEY_SCALE(row) k_scale[row]
+#else
 layout(std430, binding = 1) readonly buffer KC { STORE k_cache[]; };
+#define KEY(at) float(k_cache[at])
+#define KEY_SCALE(row) 1.0
+#endif
+#ifdef VALUE_INT8
+layout(std430, binding = 2) readonly buffer VC { uint v_cache[]; };
+layout(std430, binding = 7) readonly buffer VS { float v_scale[]; };
+#define VALUE(at) code_at(v_cache[(at) / 4u], (at) % 4u)
+#define VALUE_SCALE(row) v_scale[row]
+#else
 layout(std430, binding = 2) readonly buffer VC { STORE v_cache[]; };
+#define VALUE(at) float(v_cache[at])
+#define VALUE_SCALE(row) 1.0
+#endif
 layout(std430, binding = 3) readonly buffer Step { uint past; } step;
 layout(std430, binding = 4) coherent buffer Scores { float scores[]; };
 layout(std430, binding = 5) writeonly buffer Out { float o[]; };
@@ -51,8 +71,8 @@ void main() {
     for (uint t = l; t < visible; t += 64u) {
         uint k_base = (kv_base + t) * D;
         float dot_qk = 0.0;
-        for (uint d = 0u; d < D; d++) dot_qk += q_row[d] * float(k_cache[k_base + d]);
-        dot_qk *= pc.scale;
+        for (uint d = 0u; d < D; d++) dot_qk += q_row[d] * KEY(k_base + d);
+        dot_qk *= pc.scale * KEY_SCALE(kv_base + t);
         scores[score_base + t] = dot_qk;
         local_max = max(local_max, dot_qk);
     }
@@ -68,7 +88,9 @@ void main() {
     barrier();
     for (uint d = l; d < D; d += 64u) {
         float acc = 0.0;
-        for (uint t = 0u; t < visible; t++) acc += scores[score_base + t] * float(v_cache[(kv_base + t) * D + d]);
+        for (uint t = 0u; t < visible; t++) {
+            acc += scores[score_base + t] * VALUE_SCALE(kv_base + t) * VALUE((kv_base + t) * D + d);
+        }
         o[q_base + d] = acc * inv_sum;
     }
 }

@@ -4,12 +4,32 @@
 // 0 .. past + s, keeping the running max, sum and weighted values in registers.
 // Same bindings and push constants as attention.comp, without the scores buffer; head_dim a
 // multiple of 4.
+// With KEY_INT8 / VALUE_INT8 (kv_int8.glsl) the cache holds codes and bindings 5 / 6 the scales.
 #include "common.glsl"
+#include "kv_int8.glsl"
 #define MAX_HEAD_DIM4 64u
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { vec4 q[]; };
+#ifdef KEY_INT8
+layout(std430, binding = 1) readonly buffer KC { uint k_cache[]; };
+layout(std430, binding = 5) readonly buffer KS { float k_scale[]; };
+#define KEY4(at) codes4(k_cache[at])
+#define KEY_SCALE(row) k_scale[row]
+#else
 layout(std430, binding = 1) readonly buffer KC { STORE4 k_cache[]; };
+#define KEY4(at) vec4(k_cache[at])
+#define KEY_SCALE(row) 1.0
+#endif
+#ifdef VALUE_INT8
+layout(std430, binding = 2) readonly buffer VC { uint v_cache[]; };
+layout(std430, binding = 6) readonly buffer VS { float v_scale[]; };
+#define VALUE4(at) codes4(v_cache[at])
+#define VALUE_SCALE(row) v_scale[row]
+#else
 layout(std430, binding = 2) readonly buffer VC { STORE4 v_cache[]; };
+#define VALUE4(at) vec4(v_cache[at])
+#define VALUE_SCALE(row) 1.0
+#endif
 layout(std430, binding = 3) readonly buffer Step { uint past; } step;
 layout(std430, binding = 4) writeonly buffer Out { vec4 o[]; };
 layout(push_constant) uniform Push {
@@ -33,14 +53,17 @@ void main() {
     float running_max = -3.0e38;
     float running_sum = 0.0;
     for (uint t = 0u; t < visible; t++) {
-        uint base = (g * pc.capacity + t) * D4;
+        uint row = g * pc.capacity + t;
+        uint base = row * D4;
         float score = 0.0;
-        for (uint d = 0u; d < D4; d++) score += dot(q_row[d], vec4(k_cache[base + d]));
+        for (uint d = 0u; d < D4; d++) score += dot(q_row[d], KEY4(base + d));
+        score *= KEY_SCALE(row);
         float next_max = max(running_max, score);
         float rescale = exp(running_max - next_max);
         float p = exp(score - next_max);
         running_sum = running_sum * rescale + p;
-        for (uint d = 0u; d < D4; d++) acc[d] = acc[d] * rescale + p * vec4(v_cache[base + d]);
+        float weight = p * VALUE_SCALE(row);
+        for (uint d = 0u; d < D4; d++) acc[d] = acc[d] * rescale + weight * VALUE4(base + d);
         running_max = next_max;
     }
     for (uint d = 0u; d < D4; d++) o[item * D4 + d] = acc[d] / running_sum;

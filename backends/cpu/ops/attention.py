@@ -16,7 +16,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
 
@@ -24,54 +24,109 @@ QUERY_BLOCK = 128   # query positions per prefill score tile
 KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
 
 
-def _zeros(shape: tuple[int, ...]) -> np.ndarray:
-    return np.zeros(shape, dtype=np.float32)
+def _zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
 
 
 class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) float32, grown by half.
-    `zeros(shape)` makes each array (in a file under tmp_path with kvcache_mmap)."""
+    """One layer's keys and values: (kv_heads, capacity, head_dim), grown by half.
 
-    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP, zeros=_zeros):
+    float32, or with `int8_keys` / `int8_values` (attention_mode 1 and 2, as MNN numbers them)
+    int8 codes beside a float32 scale per head and token (`k_scale`, `v_scale`; all ones for a
+    side kept in float32 once either is quantized). `zeros(shape, dtype)` makes each array (in a
+    file under tmp_path with kvcache_mmap)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int = KV_STEP, zeros=_zeros,
+                 int8_keys: bool = False, int8_values: bool = False):
         self.zeros = zeros
-        self.k = zeros((kv_heads, capacity, head_dim))
-        self.v = zeros((kv_heads, capacity, head_dim))
+        self.int8 = (int8_keys, int8_values)
+        self.quantized = int8_keys or int8_values
+        shape = (kv_heads, capacity, head_dim)
+        self.k = zeros(shape, np.int8 if int8_keys else np.float32)
+        self.v = zeros(shape, np.int8 if int8_values else np.float32)
+        self.k_scale = self.v_scale = None
+        if self.quantized:
+            self.k_scale = self._scales(shape[:2], int8_keys)
+            self.v_scale = self._scales(shape[:2], int8_values)
+
+    def _scales(self, shape: tuple[int, int], quantized: bool) -> np.ndarray:
+        scales = self.zeros(shape, np.float32)
+        if not quantized:
+            scales[...] = 1.0
+        return scales
+
+    def scales(self) -> tuple[np.ndarray, np.ndarray]:
+        """The key and value scales per head and token; for a float cache, ones (a broadcast view)."""
+        if self.quantized:
+            return self.k_scale, self.v_scale
+        ones = np.broadcast_to(np.float32(1.0), self.k.shape[:2])
+        return ones, ones
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.k, self.v, self.k_scale, self.v_scale) if a is not None)
 
     def ensure(self, length: int) -> None:
         capacity = grown_capacity(self.k.shape[1], length, KV_STEP)
         if capacity == self.k.shape[1]:
             return
-        for name in ("k", "v"):
+        for name in ("k", "v", "k_scale", "v_scale"):
             old = getattr(self, name)
-            grown = self.zeros((old.shape[0], capacity, old.shape[2]))
+            if old is None:
+                continue
+            grown = self.zeros((old.shape[0], capacity, *old.shape[2:]), old.dtype)
+            if name.endswith("scale") and not self.int8[name == "v_scale"]:
+                grown[...] = 1.0
             grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
 
+    def store(self, start: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put keys and values (kv_heads, tokens, head_dim) at positions start..; room must exist."""
+        stop = start + keys.shape[1]
+        for name, new, int8 in (("k", keys, self.int8[0]), ("v", values, self.int8[1])):
+            if int8:
+                codes, scales = quantize_int8(np.asarray(new, dtype=np.float32))
+                getattr(self, name)[:, start:stop] = codes
+                getattr(self, name + "_scale")[:, start:stop] = scales
+            else:
+                getattr(self, name)[:, start:stop] = new
+
+    def floats(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `length` keys and values as float32 (views when stored as float32)."""
+        pairs = []
+        for name, int8 in (("k", self.int8[0]), ("v", self.int8[1])):
+            array = getattr(self, name)[:, :length]
+            if int8:
+                array = array.astype(np.float32) * getattr(self, name + "_scale")[:, :length, None]
+            pairs.append(array)
+        return pairs[0], pairs[1]
+
     def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of the first `length` keys and values."""
-        return self.k[:, :length].copy(), self.v[:, :length].copy()
+        """Copies of the first `length` keys and values, as float32."""
+        keys, values = self.floats(length)
+        return np.array(keys, dtype=np.float32), np.array(values, dtype=np.float32)
 
     def write(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Hold exactly these keys and values, (kv_heads, length, head_dim) each."""
-        length = keys.shape[1]
-        self.ensure(length)
-        self.k[:, :length] = keys
-        self.v[:, :length] = values
+        self.ensure(keys.shape[1])
+        self.store(0, keys, values)
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end."""
         moves, end = reserve_moves(start, reserve)
         for move in moves:
-            for cache in (self.k, self.v):
-                cache[:, move.target: move.target + move.length] = \
-                    cache[:, move.source: move.source + move.length].copy()
+            for array in (self.k, self.v, self.k_scale, self.v_scale):
+                if array is not None:
+                    array[:, move.target: move.target + move.length] = \
+                        array[:, move.source: move.source + move.length].copy()
         return end
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def attend_one(q, keys, values, total, scale, scores, out):
+def attend_one(q, keys, key_scale, values, value_scale, total, scale, scores, out):
     """One query row, heads over the threads. q, out [heads, dim]; keys, values [kv_heads, capacity,
-    dim]; scores [heads, >= total] work space."""
+    dim], float32 or int8 codes, each token's row times its key_scale / value_scale [kv_heads,
+    capacity] entry; scores [heads, >= total] work space."""
     heads, dim = q.shape
     group = heads // keys.shape[0]
     for h in numba.prange(heads):
@@ -80,8 +135,8 @@ def attend_one(q, keys, values, total, scale, scores, out):
         for t in range(total):
             s = np.float32(0.0)
             for i in range(dim):
-                s += q[h, i] * keys[g, t, i]
-            s *= scale
+                s += q[h, i] * np.float32(keys[g, t, i])
+            s *= scale * key_scale[g, t]
             scores[h, t] = s
             best = max(best, s)
         norm = np.float32(0.0)
@@ -92,9 +147,9 @@ def attend_one(q, keys, values, total, scale, scores, out):
         for i in range(dim):
             out[h, i] = 0.0
         for t in range(total):
-            p = scores[h, t] / norm
+            p = scores[h, t] / norm * value_scale[g, t]
             for i in range(dim):
-                out[h, i] += p * values[g, t, i]
+                out[h, i] += p * np.float32(values[g, t, i])
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -118,10 +173,10 @@ def causal_softmax(scores, rows_per_query, first_visible):
 
 
 @jit.twin_of(attend_one)
-def attend_one_numpy(q, keys, values, total, scale, scores, out):
+def attend_one_numpy(q, keys, key_scale, values, value_scale, total, scale, scores, out):
     group = q.shape[0] // keys.shape[0]
-    k = np.repeat(keys[:, :total], group, axis=0)      # (heads, total, dim)
-    v = np.repeat(values[:, :total], group, axis=0)
+    k = np.repeat(keys[:, :total] * key_scale[:, :total, None], group, axis=0)      # (heads, total, dim)
+    v = np.repeat(values[:, :total] * value_scale[:, :total, None], group, axis=0)
     s = np.einsum("hd,htd->ht", q, k) * np.float32(scale)
     p = np.exp(s - s.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -184,20 +239,17 @@ class CPUAttention(CPUExecution):
         meta = self.backend.kv_meta
         past = cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
         cache.ensure(past + self.seq)
-        cache.k[:, past: past + self.seq] = self.k_new
-        cache.v[:, past: past + self.seq] = self.v_new
+        cache.store(past, self.k_new, self.v_new)
         if self.seq == 1:
             scores = self.backend.scratch("attention_scores", (self.heads, past + 1))
-            args = (self.q[0], cache.k, cache.v, past + 1, self.scale, scores, self.out[0])
+            key_scale, value_scale = cache.scales()
+            args = (self.q[0], cache.k, key_scale, cache.v, value_scale, past + 1, self.scale, scores, self.out[0])
             if self.attend_one is None:   # the same argument types every step
                 self.attend_one = jit.runnable(attend_one, args)
             self.attend_one(*args)
         else:
-            attend(self.q, cache.k, cache.v, past, self.scale, self.out, self.backend.parallel)
+            keys, values = cache.floats(past + self.seq)
+            attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel)
 
     def _cache(self) -> KVCache:
-        layer = self.node.param.layer_index
-        caches = self.backend.kv_caches
-        if layer not in caches:
-            caches[layer] = KVCache(self.kv_heads, self.dim, zeros=self.backend.kv_zeros)
-        return caches[layer]
+        return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)

@@ -13,20 +13,27 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
 
 class DeviceKVCache:
-    """One layer's keys and values: real_t [kv_heads, capacity, head_dim] each."""
+    """One layer's keys and values: real_t [kv_heads, capacity, head_dim] each, or int8 codes
+    with a float scale per [kv_heads, capacity] row (`int8`: keys, values; attention_mode 1, 2)."""
 
-    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int):
+    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int, int8: tuple[bool, bool] = (False, False)):
         self.backend = backend
-        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
-        self.row_bytes = head_dim * backend.itemsize_of(np.float32)
-        self.k = backend.device.buffer(kv_heads * capacity * self.row_bytes)
-        self.v = backend.device.buffer(kv_heads * capacity * self.row_bytes)
+        self.kv_heads, self.head_dim, self.capacity, self.int8 = kv_heads, head_dim, capacity, int8
+        real = backend.itemsize_of(np.float32)
+        # (attribute, bytes per [head, token] row); scales only where quantized
+        self.parts = [("k", head_dim * (1 if int8[0] else real)), ("v", head_dim * (1 if int8[1] else real))]
+        self.parts += [(name, 4) for name, quantized in (("k_scale", int8[0]), ("v_scale", int8[1])) if quantized]
+        for name, row_bytes in self.parts:
+            setattr(self, name, backend.device.buffer(kv_heads * capacity * row_bytes))
+        for name, quantized in (("k_scale", int8[0]), ("v_scale", int8[1])):
+            if not quantized:
+                setattr(self, name, backend.placeholder)
         self.version = 0  # bumped when the buffers are replaced, so kernels bind the new ones
 
     def ensure(self, length: int) -> None:
@@ -34,15 +41,16 @@ class DeviceKVCache:
         capacity = grown_capacity(self.capacity, length)
         if capacity == self.capacity:
             return
-        self.k, self.v = (self._grown(old, capacity) for old in (self.k, self.v))
+        for name, row_bytes in self.parts:
+            setattr(self, name, self._grown(getattr(self, name), capacity, row_bytes))
         self.capacity = capacity
         self.version += 1
 
-    def _grown(self, old: cl.Buffer, capacity: int) -> cl.Buffer:
-        new = self.backend.device.buffer(self.kv_heads * capacity * self.row_bytes)
+    def _grown(self, old: cl.Buffer, capacity: int, row_bytes: int) -> cl.Buffer:
+        new = self.backend.device.buffer(self.kv_heads * capacity * row_bytes)
         for h in range(self.kv_heads):
-            cl.enqueue_copy(self.backend.queue, new, old, byte_count=self.capacity * self.row_bytes,
-                            src_offset=h * self.capacity * self.row_bytes, dst_offset=h * capacity * self.row_bytes)
+            cl.enqueue_copy(self.backend.queue, new, old, byte_count=self.capacity * row_bytes,
+                            src_offset=h * self.capacity * row_bytes, dst_offset=h * capacity * row_bytes)
         return new
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
@@ -50,14 +58,52 @@ class DeviceKVCache:
         returns the new end. Rare, so it goes through a scratch buffer (OpenCL copies may not overlap)."""
         moves, end = reserve_moves(start, reserve)
         for move in moves:
-            nbytes = move.length * self.row_bytes
-            scratch = self.backend.device.buffer(nbytes)
-            for buffer in (self.k, self.v):
+            for name, row_bytes in self.parts:
+                buffer, nbytes = getattr(self, name), move.length * row_bytes
+                scratch = self.backend.device.buffer(nbytes)
                 for h in range(self.kv_heads):
                     head = h * self.capacity
-                    self._copy(buffer, scratch, (head + move.source) * self.row_bytes, 0, nbytes)
-                    self._copy(scratch, buffer, 0, (head + move.target) * self.row_bytes, nbytes)
+                    self._copy(buffer, scratch, (head + move.source) * row_bytes, 0, nbytes)
+                    self._copy(scratch, buffer, 0, (head + move.target) * row_bytes, nbytes)
         return end
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
+        return self._read_side("k", length), self._read_side("v", length)
+
+    def _read_side(self, name: str, length: int) -> np.ndarray:
+        int8 = self.int8[name == "v"]
+        dtype = np.int8 if int8 else self.backend.float_storage
+        values = self._rows(getattr(self, name), dtype, (length, self.head_dim), length)
+        if int8:
+            return values.astype(np.float32) * self._rows(getattr(self, name + "_scale"), np.float32, (length,),
+                                                          length)[..., None]
+        return values.astype(np.float32)
+
+    def _rows(self, buffer: cl.Buffer, dtype, row_shape: tuple[int, ...], length: int) -> np.ndarray:
+        """Each head's first `length` rows of `buffer`: (kv_heads, *row_shape)."""
+        host = np.empty((self.kv_heads, *row_shape), dtype=dtype)
+        head_bytes = self.capacity * host[0, 0].nbytes
+        for h in range(self.kv_heads):
+            cl.enqueue_copy(self.backend.queue, host[h], buffer, src_offset=h * head_bytes, is_blocking=True)
+        return host
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values (kv_heads, length, head_dim), coded as this cache codes them."""
+        self.ensure(keys.shape[1])
+        for name, array in (("k", keys), ("v", values)):
+            if self.int8[name == "v"]:
+                codes, scales = quantize_int8(array)
+                self._write_rows(getattr(self, name), codes)
+                self._write_rows(getattr(self, name + "_scale"), scales)
+            else:
+                self._write_rows(getattr(self, name), np.asarray(array, dtype=self.backend.float_storage))
+
+    def _write_rows(self, buffer: cl.Buffer, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows)
+        head_bytes = self.capacity * rows[0, 0].nbytes
+        for h in range(self.kv_heads):
+            cl.enqueue_copy(self.backend.queue, buffer, rows[h], dst_offset=h * head_bytes, is_blocking=True)
 
     def _copy(self, src: cl.Buffer, dst: cl.Buffer, src_offset: int, dst_offset: int, nbytes: int) -> None:
         cl.enqueue_copy(self.backend.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)
@@ -71,15 +117,21 @@ class AttentionExecution(KernelExecution):
         self.seq = seq
         self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
         scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
-        defines = {"HEAD_DIM": dim}
         cache, kv_length = self.cache, backend.kv_length_buffer
-        n = seq * kv_heads * dim
-        self.append = self.prepare(
-            "attention.cl", "kv_append", [cache.k, cache.v, inputs[1], inputs[2], kv_length, np.int32(kv_heads),
-                                          np.int32(cache.capacity), np.int32(n)],
-            (n,), defines=defines)
+        defines = {"HEAD_DIM": dim, **{name: 1 for name, on in zip(("KEY_INT8", "VALUE_INT8"), cache.int8) if on}}
+        append_args = [cache.k, cache.v, inputs[1], inputs[2], kv_length, np.int32(kv_heads), np.int32(cache.capacity)]
+        if any(cache.int8):   # one work-item per (token, head) row: each finds its row's scale
+            rows = seq * kv_heads
+            self.append = self.prepare("attention.cl", "kv_append_int8",
+                                       [*append_args, np.int32(rows), cache.k_scale, cache.v_scale], (rows,),
+                                       defines=defines)
+        else:
+            n = seq * kv_heads * dim
+            self.append = self.prepare("attention.cl", "kv_append", [*append_args, np.int32(n)], (n,),
+                                       defines=defines)
         args = [outputs[0], inputs[0], cache.k, cache.v, kv_length, np.int32(seq),
-                np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale)]
+                np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale),
+                cache.k_scale, cache.v_scale]
         if backend.variant == "cpu" and dim % 4 == 0:
             self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), (1, 1), defines)
         else:
@@ -89,9 +141,13 @@ class AttentionExecution(KernelExecution):
 
     def _bind_cache(self) -> None:
         cache = self.cache
-        for launch, (k_arg, v_arg, capacity_arg) in ((self.append, (0, 1, 6)), (self.attend, (2, 3, 8))):
+        quantized = any(cache.int8)
+        for launch, (k_arg, v_arg, capacity_arg, scale_arg) in ((self.append, (0, 1, 6, 8 if quantized else None)),
+                                                                (self.attend, (2, 3, 8, 10))):
             launch.args[k_arg], launch.args[v_arg] = cache.k, cache.v
             launch.args[capacity_arg] = np.int32(cache.capacity)
+            if scale_arg is not None:
+                launch.args[scale_arg], launch.args[scale_arg + 1] = cache.k_scale, cache.v_scale
         self.bind()
         self.bound_version = cache.version
 

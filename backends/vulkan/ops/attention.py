@@ -11,33 +11,85 @@ kernels read, before the submit.
 
 from __future__ import annotations
 
+import numpy as np
+
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.errors import InputError
-from mnngpu.runtime.kv import attention_scale, reserve_moves
+from mnngpu.errors import ConfigError, InputError
+from mnngpu.runtime.kv import attention_scale, quantize_int8, reserve_moves
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 
 
 class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) each, of the backend's store_dtype."""
+    """One layer's keys and values: (kv_heads, capacity, head_dim) each, of the backend's store_dtype;
+    with `int8` (keys, values; attention_mode 1 and 2) that side holds int8 codes four to a uint,
+    beside a float32 scale per (kv head, token) (shaders/vulkan/kv_int8.glsl)."""
 
-    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int):
-        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
-        dtype = backend.store_dtype
-        self.k = backend.new_buffer(kv_heads * capacity * head_dim * dtype.itemsize, dtype)
-        self.v = backend.new_buffer(kv_heads * capacity * head_dim * dtype.itemsize, dtype)
-        self.spare = backend.new_buffer(capacity * head_dim * dtype.itemsize, dtype)
+    def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int, int8: tuple[bool, bool] = (False, False)):
+        self.kv_heads, self.head_dim, self.capacity, self.int8 = kv_heads, head_dim, capacity, int8
+        store = backend.store_dtype
+        rows = kv_heads * capacity
+
+        def side(quantized: bool):
+            if quantized:
+                return backend.new_buffer(rows * head_dim, np.uint32), backend.new_buffer(rows * 4, np.float32)
+            return backend.new_buffer(rows * head_dim * store.itemsize, store), None
+
+        (self.k, self.k_scale), (self.v, self.v_scale) = side(int8[0]), side(int8[1])
+        # every (buffer, bytes per (head, token) row) that moves with a token
+        self.parts = [(a, a.nbytes // rows) for a in (self.k, self.v, self.k_scale, self.v_scale) if a is not None]
+        self.spare = backend.new_buffer(capacity * max(row for _, row in self.parts), np.uint8)
+
+    @property
+    def variant(self) -> str:
+        """The kernel variant for this cache: "" (store_dtype), "k8" (then store_dtype's) or "kv8"."""
+        return {(False, False): "", (True, False): "k8", (True, True): "kv8"}[self.int8]
+
+    @property
+    def scales(self) -> list:
+        return [a for a in (self.k_scale, self.v_scale) if a is not None]
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
+        return self._read_side(self.k, self.k_scale, length), self._read_side(self.v, self.v_scale, length)
+
+    def _read_side(self, buffer, scales, length: int) -> np.ndarray:
+        rows = self._rows(buffer, scales is not None)[:, :length].astype(np.float32)
+        if scales is not None:
+            rows *= scales.read().reshape(self.kv_heads, self.capacity)[:, :length, None]
+        return rows
+
+    def _rows(self, buffer, int8: bool) -> np.ndarray:
+        values = buffer.read()
+        return (values.view(np.int8) if int8 else values).reshape(self.kv_heads, self.capacity, self.head_dim)
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values (kv_heads, length, head_dim), coded as this cache codes them."""
+        length = keys.shape[1]
+        if length > self.capacity:
+            raise InputError(f"{length} stored tokens exceed the Vulkan KV cache of {self.capacity}",
+                             field="max_all_tokens")
+        for buffer, scales, array in ((self.k, self.k_scale, keys), (self.v, self.v_scale, values)):
+            rows = self._rows(buffer, scales is not None)
+            if scales is None:
+                rows[:, :length] = array
+            else:
+                codes, scale = quantize_int8(array)
+                rows[:, :length] = codes
+                all_scales = scales.read().reshape(self.kv_heads, self.capacity)
+                all_scales[:, :length] = scale
+                scales.write(all_scales)
+            buffer.write(rows.reshape(-1).view(buffer.dtype))
 
     def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
         """Move the kept spans of a removed region together behind `start`; returns the new end.
         Spans may overlap their destination, so each goes through the spare buffer."""
-        row = self.head_dim * self.k.dtype.itemsize
         moves, end = reserve_moves(start, reserve)
         regions = []
         for move in moves:
-            nbytes = move.length * row
-            for cache in (self.k, self.v):
+            for cache, row in self.parts:
+                nbytes = move.length * row
                 for head in range(self.kv_heads):
                     base = head * self.capacity
                     regions.append((cache.buffer, (base + move.source) * row, self.spare.buffer, 0, nbytes))
@@ -58,25 +110,47 @@ class VulkanAttention(VulkanExecution):
             return f"{heads} query heads are not a multiple of {kv_heads} kv heads"
         return None
 
+    def _check_int8_head_dim(self, dim: int) -> None:
+        if any(self.cache.int8) and dim % 4:
+            raise ConfigError(f"the vulkan backend's int8 KV cache packs 4 codes a word: head_dim {dim} is not a "
+                              "multiple of 4; use a multiple of 8", field="attention_mode")
+
     def onResize(self, inputs, outputs):
         backend = self.backend
         _, seq, heads, dim = inputs[0].shape
         kv_heads = inputs[1].shape[2]
         self.seq = seq
         self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
+        self._check_int8_head_dim(dim)
         capacity = self.cache.capacity
         q, k, v = (t.device for t in inputs[:3])
         out = outputs[0].device = backend.new_tensor(outputs[0])
-        self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, self.cache.k, self.cache.v],
-                      pack_push("4I", seq, kv_heads, dim, capacity), element_groups(seq * kv_heads * dim), writes=(-2, -1))
+        cache = self.cache
+        store = pack_push("4I", seq, kv_heads, dim, capacity)
+        if cache.variant:   # one invocation per (token, head) row: each finds its row's scale
+            written = (3, 4, *range(5, 5 + len(cache.scales)))
+            self.dispatch(self._kernel("kv_store_int8"), [k, v, backend.step, cache.k, cache.v, *cache.scales], store,
+                          element_groups(seq * kv_heads), writes=written)
+        else:
+            self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, cache.k, cache.v], store,
+                          element_groups(seq * kv_heads * dim), writes=(-2, -1))
         scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
         push = pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale))
-        cached = [q, self.cache.k, self.cache.v, backend.step]
+        cached = [q, cache.k, cache.v, backend.step]
         if backend.variant == "cpu" and dim % 4 == 0:
-            self.dispatch(backend.kernel_name("attention_rows"), [*cached, out], push, element_groups(seq * heads))
+            self.dispatch(self._kernel("attention_rows"), [*cached, out, *cache.scales], push,
+                          element_groups(seq * heads), writes=(4,))
         else:
             scores = backend.scratch(seq * heads * capacity * 4)
-            self.dispatch(backend.kernel_name("attention"), [*cached, scores, out], push, seq * heads, writes=(-2, -1))
+            self.dispatch(self._kernel("attention"), [*cached, scores, out, *cache.scales], push, seq * heads,
+                          writes=(4, 5))
+
+    def _kernel(self, base: str) -> str:
+        """The kernel variant for this layer's cache: store_dtype's, or an int8 one."""
+        variant = self.cache.variant
+        if variant == "kv8":
+            return f"{base}_kv8"
+        return self.backend.kernel_name(f"{base}_{variant}" if variant else base)
 
     def onExecute(self, inputs, outputs):
         meta = self.backend.kv_meta
