@@ -129,7 +129,7 @@ def fused_node(kind: str, weights: list) -> Node:
     return Node(kind, "fused", fusion.FusedLinearParam(members))
 
 
-@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("rows", [1, 4, 9])   # one GEMV, GEMVs sharing weight spans, dequantize + BLAS
 @pytest.mark.parametrize("precision", ["high", "low"])
 def test_linear_group_gives_each_members_output(rows, precision):
     rng = np.random.default_rng(3 + rows)
@@ -141,7 +141,7 @@ def test_linear_group_gives_each_members_output(rows, precision):
               1e-4 if precision == "low" else 2e-6)
 
 
-@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("rows", [1, 4, 9])
 def test_gated_linear_is_up_times_silu_gate(rows):
     rng = np.random.default_rng(5 + rows)
     gate, up = (quantized_linear(rng, 200, 128, 4, 64, bias=True) for _ in range(2))
