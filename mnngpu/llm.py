@@ -132,6 +132,7 @@ class Llm:
         """Forget the KV cache and the history."""
         if self._loaded:
             self.runtime.kv_meta.clear()
+        self._verified = []
         self.context = LlmContext(load_us=self.context.load_us)
 
     def _check_ids(self, ids) -> list[int]:
