@@ -197,6 +197,9 @@ class Llm:
         """Logits [1, verify_length, vocab] for a speculative block of exactly verify_length ids,
         in one forward of the pool's verify module. Its rows enter the KV cache until discard()."""
         self._require_loaded()
+        if not self.pool.verify_length:
+            raise MnnGpuError("verify() needs a speculative_type that verifies drafts (lookahead); this model "
+                              "loaded for plain decoding")
         ids = self._check_ids(ids)
         if len(ids) != self.pool.verify_length:
             raise InputError(f"a verify block is {self.pool.verify_length} ids (draft_predict_length + 1), "

@@ -246,3 +246,18 @@ def test_lookup_file_tokens_become_drafts(tmp_path):
                         discard=lambda keep: None, tokenizer=Tokens())
     strategy.generate(steps, [1, 9], 3)
     assert seen[0] == [8, 7, 6, 5]   # after ..., 9, 8 the lookup text says 7, 6, 5
+
+
+def test_verify_needs_a_speculative_model():
+    from mnngpu import llm as mnngpu_llm
+    from mnngpu.errors import MnnGpuError
+
+    model = mnngpu_llm.create(FIXTURES / "qwen2_int8_b0")
+    model.set_config({"backend_type": "cpu", "thread_num": 1})
+    model.load()
+    with pytest.raises(MnnGpuError, match="needs a speculative_type"):
+        model.verify([1, 2, 3, 4])
+    model.set_config({"speculative_type": "lookahead"})
+    model.load()
+    with pytest.raises(MnnGpuError, match="a verify block is 4 ids"):
+        model.verify([1, 2])
