@@ -147,7 +147,7 @@ def _speculative_run(model, test: TestCase, result: BenchResult, keep: bool) -> 
     """One repeat through the strategy: the prompt, then n_gen tokens past any stop id."""
     model.reset()
     model.generate([BENCH_TOKEN] * max(1, test.n_prompt), test.n_gen, stop_ids=())
-    if not keep:
+    if not keep or not model.context.decode_us:
         return
     context, stats = model.context, model.strategy.stats
     if test.n_prompt:

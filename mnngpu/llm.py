@@ -223,6 +223,7 @@ class Llm:
         """Forget the KV cache and the history."""
         if self._loaded:
             self.runtime.kv_meta.clear()
+        self._verified = []
         self.context = LlmContext(load_us=self.context.load_us)
 
     def _check_ids(self, ids) -> list[int]:
@@ -346,6 +347,9 @@ class Llm:
         """Logits [1, verify_length, vocab] for a speculative block of exactly verify_length ids,
         in one forward of the pool's verify module. Its rows enter the KV cache until discard()."""
         self._require_loaded()
+        if not self.pool.verify_length:
+            raise MnnGpuError("verify() needs a speculative_type that verifies drafts (lookahead); this model "
+                              "loaded for plain decoding")
         ids = self._check_ids(ids)
         if len(ids) != self.pool.verify_length:
             raise InputError(f"a verify block is {self.pool.verify_length} ids (draft_predict_length + 1), "

@@ -66,6 +66,26 @@ def test_gemv_group_twin(kernel, bits, block):
         reference.assert_close(twin[m], want, 1e-5)
 
 
+@pytest.mark.parametrize("kernel", [kernels.gemv_rows_group, kernels.gemv_rows_group_serial])
+def test_gemv_rows_group_twin(kernel):
+    rng = np.random.default_rng(RNG_SEED)
+    rows, ic, block = 3, 128, 64
+    layers = [_layer(rng, oc, ic, 4, block) for oc in (96, 40)]
+    empty = np.zeros(0, np.float32)
+    xs = rng.normal(size=(rows, ic)).astype(np.float32)
+    scratch = [np.stack([buffer] * rows) for buffer in _gemv_scratch(ic, block)]   # one per row of x
+
+    def args():
+        return (tuple(c for c, _, _, _ in layers), tuple(a for _, a, _, _ in layers),
+                tuple(k for _, _, k, _ in layers), (empty, empty), kernels.row_spans([96, 40]), xs, True, block,
+                *scratch, (np.empty((rows, 96), np.float32), np.empty((rows, 40), np.float32)))
+
+    (compiled, twin), = _both(kernel, args, (13,))
+    for m, (_, _, _, weights) in enumerate(layers):
+        reference.assert_close(compiled[m], xs @ weights.T, 1e-5)
+        reference.assert_close(twin[m], xs @ weights.T, 1e-5)
+
+
 @pytest.mark.parametrize("kernel", [kernels.gemv_gated, kernels.gemv_gated_serial])
 def test_gemv_gated_twin(kernel):
     rng = np.random.default_rng(RNG_SEED)

@@ -196,15 +196,15 @@ def test_ngram_strictness_asks_for_a_share():
 
 # ---- the factory --------------------------------------------------------------------------------
 
-def config(tmp_path, **keys) -> LlmConfig:
+def config(**keys) -> LlmConfig:
     cfg = LlmConfig.load(FIXTURES / "qwen2_int8_b0")
     cfg.set_config(keys)
     return cfg
 
 
-def test_factory_picks_by_speculative_type(tmp_path):
-    assert isinstance(create_strategy(config(tmp_path), ["logits"]), ArGeneration)
-    strategy = create_strategy(config(tmp_path, speculative_type="lookahead", draft_predict_length=5,
+def test_factory_picks_by_speculative_type():
+    assert isinstance(create_strategy(config(), ["logits"]), ArGeneration)
+    strategy = create_strategy(config(speculative_type="lookahead", draft_predict_length=5,
                                       draft_selection_rule="fcfs"), ["logits"])
     assert isinstance(strategy, LookaheadGeneration)
     assert strategy.verify_length == 6 and strategy.rule == "fcfs" and strategy.lookup_file is None
@@ -218,9 +218,9 @@ def test_factory_picks_by_speculative_type(tmp_path):
     ({"speculative_type": "lookahead", "ngram_match_maxlen": 9}, "at most 8"),
     ({"speculative_type": "lookahead", "lookup_file": "absent.txt"}, "no such file: absent.txt"),
 ])
-def test_factory_says_why_a_strategy_cannot_run(tmp_path, keys, words):
+def test_factory_says_why_a_strategy_cannot_run(keys, words):
     with pytest.raises(ConfigError) as error:
-        create_strategy(config(tmp_path, **keys), ["logits"])
+        create_strategy(config(**keys), ["logits"])
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
@@ -246,3 +246,18 @@ def test_lookup_file_tokens_become_drafts(tmp_path):
                         discard=lambda keep: None, tokenizer=Tokens())
     strategy.generate(steps, [1, 9], 3)
     assert seen[0] == [8, 7, 6, 5]   # after ..., 9, 8 the lookup text says 7, 6, 5
+
+
+def test_verify_needs_a_speculative_model():
+    from mnngpu import llm as mnngpu_llm
+    from mnngpu.errors import MnnGpuError
+
+    model = mnngpu_llm.create(FIXTURES / "qwen2_int8_b0")
+    model.set_config({"backend_type": "cpu", "thread_num": 1})
+    model.load()
+    with pytest.raises(MnnGpuError, match="needs a speculative_type"):
+        model.verify([1, 2, 3, 4])
+    model.set_config({"speculative_type": "lookahead"})
+    model.load()
+    with pytest.raises(MnnGpuError, match="a verify block is 4 ids"):
+        model.verify([1, 2])

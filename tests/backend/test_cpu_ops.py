@@ -74,7 +74,7 @@ def test_large_decode_gemv_runs_parallel_and_matches():
     close(op(x)[0].reshape(1, 4096), linear_reference(x.reshape(1, 512), dense, weight.bias), 2e-6)
 
 
-@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("rows", [1, 4, 9])   # one GEMV, GEMVs sharing weight spans, dequantize + BLAS
 @pytest.mark.parametrize("precision", ["high", "low"])
 def test_linear_group_gives_each_members_output(rows, precision):
     rng = np.random.default_rng(3 + rows)
@@ -84,6 +84,19 @@ def test_linear_group_gives_each_members_output(rows, precision):
     for got, (weight, dense) in zip(outs, layers):
         close(got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias),
               1e-4 if precision == "low" else 2e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 9])
+@pytest.mark.parametrize("precision", ["high", "low"])
+def test_gated_linear_is_up_times_silu_gate(rows, precision):
+    """Both precisions of the CPU's row paths: one row (GEMV), a few (rows kernels), many (BLAS)."""
+    rng = np.random.default_rng(5 + rows)
+    (gate, gate_w), (up, up_w) = (quantized_linear(rng, 200, 128, 4, 64, bias=True) for _ in range(2))
+    x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
+    got = run(make_backend(precision), fused_linear(fusion.GATED_LINEAR, [gate, up]), [x])
+    g = linear_reference(x.reshape(rows, 128), gate_w, gate.bias)
+    u = linear_reference(x.reshape(rows, 128), up_w, up.bias)
+    close(got.reshape(rows, 200), reference.silu_mul(u, g), 2e-4 if precision == "low" else 5e-5)
 
 
 def test_packed_weights_are_the_weight_files_own_bytes(tmp_path):

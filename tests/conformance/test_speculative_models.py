@@ -63,6 +63,8 @@ def test_verify_rows_and_kv_remove_match_one_token_decoding(backend_type):
     ar_rows = [np.asarray(ar.forward([t]))[0, -1] for t in block]   # what follows prompt + block[:k+1]
     scale = LOGIT_TOLERANCE * float(np.std(ar_rows[0]))
     spec.forward(prompt["ids"])
+    caches = spec.runtime.backend().kv_caches
+    buffers = {layer: cache.k for layer, cache in caches.items()}
     rows = np.asarray(spec.verify(block))[0]
     assert rows.shape == (5, ar_rows[0].size)
     assert max(np.abs(row - ar_row).max() for row, ar_row in zip(rows, ar_rows)) <= scale
@@ -70,6 +72,7 @@ def test_verify_rows_and_kv_remove_match_one_token_decoding(backend_type):
     after = np.asarray(spec.forward([block[2]]))[0, -1]
     assert np.abs(after - ar_rows[2]).max() <= scale
     assert spec.runtime.kv_meta.previous == len(prompt["ids"]) + 3
+    assert buffers and all(caches[layer].k is k for layer, k in buffers.items())   # no reallocation
 
 
 def test_mnn_runtime_streams_the_same_lookahead_reply(tmp_path):

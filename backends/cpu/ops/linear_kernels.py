@@ -163,6 +163,44 @@ def gemv_group_serial(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, x
         _group_span(item, codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t)
 
 
+@numba.njit(inline="always", **_KERNEL)
+def _prepare_rows(xs, block, nibbles, xds, xos, xsums, xqs, xscales):
+    for i in range(xs.shape[0]):
+        prepare_x(xs[i], block, nibbles, xds[i], xos[i], xsums[i], xqs[i], xscales[i])
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _group_span_rows(item, codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, block, xds, xos, xsums, xqs, xscales,
+                     out_t):
+    """_group_span for every row i of xs, out_t[m] [rows, oc]: the span's weight rows stay in cache."""
+    m = spans[item, 0]
+    codes, alpha, k, bias, out = codes_t[m], alpha_t[m], k_t[m], bias_t[m], out_t[m]
+    for i in range(xs.shape[0]):
+        for r in range(spans[item, 1], spans[item, 2]):
+            value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
+            out[i, r] = value + bias[r] if bias.size else value
+
+
+@numba.njit(parallel=True, **_KERNEL)
+def gemv_rows_group(codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out_t):
+    """gemv_group for a few rows of x (xs [rows, ic], per-row buffers, out_t[m] [rows, oc]): each
+    span of weight rows is read from memory once and every row of x passes over it while it is
+    in cache, so a verify block costs little more than one decode step."""
+    _prepare_rows(xs, block, nibbles, xds, xos, xsums, xqs, xscales)
+    for item in prange(spans.shape[0]):
+        _group_span_rows(item, codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, block, xds, xos, xsums, xqs,
+                         xscales, out_t)
+
+
+@numba.njit(**_SERIAL_GEMV)
+def gemv_rows_group_serial(codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, block, xds, xos, xsums, xqs, xscales,
+                           out_t):
+    _prepare_rows(xs, block, nibbles, xds, xos, xsums, xqs, xscales)
+    for item in range(spans.shape[0]):
+        _group_span_rows(item, codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, block, xds, xos, xsums, xqs,
+                         xscales, out_t)
+
+
 def row_spans(rows: list[int], per_span: int = 64) -> np.ndarray:
     """int64 [n, 3] (member, first row, end row) covering every member's rows, per_span at a time."""
     return np.array([(m, start, min(count, start + per_span)) for m, count in enumerate(rows)
@@ -201,6 +239,30 @@ def gemv_gated_serial(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, 
     for span in range((out.size + GATED_SPAN - 1) // GATED_SPAN):
         _gated_span(span * GATED_SPAN, codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale,
                     out)
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _gated_span_rows(start, codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out):
+    for i in range(xs.shape[0]):
+        _gated_span(start, codes_t, alpha_t, k_t, bias_t, xs[i], nibbles, block, xds[i], xos[i], xsums[i], xqs[i],
+                    xscales[i], out[i])
+
+
+@numba.njit(parallel=True, **_KERNEL)
+def gemv_rows_gated(codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out):
+    """gemv_gated for a few rows of x (out [rows, oc]), each span of weights shared by the rows."""
+    _prepare_rows(xs, block, nibbles, xds, xos, xsums, xqs, xscales)
+    for span in prange((out.shape[1] + GATED_SPAN - 1) // GATED_SPAN):
+        _gated_span_rows(span * GATED_SPAN, codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs,
+                         xscales, out)
+
+
+@numba.njit(**_SERIAL_GEMV)
+def gemv_rows_gated_serial(codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out):
+    _prepare_rows(xs, block, nibbles, xds, xos, xsums, xqs, xscales)
+    for span in range((out.shape[1] + GATED_SPAN - 1) // GATED_SPAN):
+        _gated_span_rows(span * GATED_SPAN, codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs,
+                         xscales, out)
 
 
 @numba.njit(**_KERNEL)
@@ -250,23 +312,30 @@ def dequantized(codes, alpha, k, nibbles, block, start, stop) -> np.ndarray:
 
 
 def _matrix_times_x(codes, alpha, k, bias, x, nibbles, block, out) -> None:
-    for start in range(0, out.size, TWIN_ROWS):
-        stop = min(out.size, start + TWIN_ROWS)
-        out[start:stop] = dequantized(codes, alpha, k, nibbles, block, start, stop) @ x
+    """out [..., oc] = x [..., ic] times the matrix, plus bias: one row of x or several."""
+    oc = out.shape[-1]
+    for start in range(0, oc, TWIN_ROWS):
+        stop = min(oc, start + TWIN_ROWS)
+        out[..., start:stop] = x @ dequantized(codes, alpha, k, nibbles, block, start, stop).T
     if bias.size:
         out += bias
 
 
 @jit.twin_of(gemv_group)
 @jit.twin_of(gemv_group_serial)
+@jit.twin_of(gemv_rows_group)
+@jit.twin_of(gemv_rows_group_serial)
 def gemv_group_numpy(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd, xo, xsum, xq, xscale, out_t):
-    """Every member in full (the spans split the same rows for the threads); x in float32."""
+    """Every member in full (the spans split the same rows for the threads); x in float32, one row
+    [ic] (gemv_group) or a few [rows, ic] (gemv_rows_group)."""
     for m in range(len(codes_t)):
         _matrix_times_x(codes_t[m], alpha_t[m], k_t[m], bias_t[m], x, nibbles, block, out_t[m])
 
 
 @jit.twin_of(gemv_gated)
 @jit.twin_of(gemv_gated_serial)
+@jit.twin_of(gemv_rows_gated)
+@jit.twin_of(gemv_rows_gated_serial)
 def gemv_gated_numpy(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
     gate = np.empty_like(out)
     up = np.empty_like(out)

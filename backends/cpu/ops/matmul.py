@@ -8,6 +8,8 @@ from the decoded scales and zeros (small models, symmetric or fp16-alpha exports
 * Decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup (q/k/v)
   in one parallel launch; GatedLinear fuses gate, up and MUL_SILU. At precision low the
   activation is quantized to int16 per 64 values and int4 blocks use an integer dot product.
+* A few rows (a speculative verify block, a short prompt chunk): the same GEMVs, every row of x
+  passing over each span of weight rows while it is in cache (gemv_rows_group / gemv_rows_gated).
 * Prefill (PREFILL_ROWS rows or more): tiles of output rows are dequantized into a per-thread
   float32 buffer and multiplied with numpy's BLAS (one BLAS thread per worker), so no float copy
   of a whole weight ever exists.
@@ -25,7 +27,7 @@ from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
-PREFILL_ROWS = 4        # from this many input rows on, dequantize + BLAS beats a GEMV per row
+PREFILL_ROWS = 9        # from this many input rows on, dequantize + BLAS beats GEMVs sharing each weight span
 # Weights below this run their GEMV on the calling thread: a launch costs ~2 us on numba's OpenMP
 # and TBB layers, ~140 us on its workqueue layer.
 PARALLEL_BYTES = {True: 1 << 16, False: 1 << 20}   # by backend.cheap_launches
@@ -119,40 +121,48 @@ class CPULinear(CPUExecution):
         first = self.weights[0]
         self.x = self.value(self.inputs[0]).reshape(self.rows, first.ic)
         self.outs = [t.device.reshape(self.rows, -1) for t in self.outputs]
-        self.gemv_calls = []
+        self.gemv_call = None
         if self.fused_gemv and self.rows < PREFILL_ROWS:
-            self.xd = np.empty(first.ic // 2, dtype=np.float32)
-            self.xo = np.empty(first.ic // 2, dtype=np.float32)
-            self.xsum = np.empty(first.ic // first.block, dtype=np.float32)
             quantized = (self.backend.quantize_activations and first.nibbles
                          and first.block % kernels.QUANT_CHUNK == 0)
-            self.xq = np.empty(first.ic if quantized else 0, dtype=np.int16)
-            self.xscale = np.empty(first.ic // kernels.QUANT_CHUNK if quantized else 0, dtype=np.float32)
-            self.gemv_calls = [self._gemv_args(row) for row in range(self.rows)]
+            rows = self.rows
+            # per input row: x's even/odd split, block sums, and its int16 form at precision low
+            self.buffers = (np.empty((rows, first.ic // 2), dtype=np.float32),
+                            np.empty((rows, first.ic // 2), dtype=np.float32),
+                            np.empty((rows, first.ic // first.block), dtype=np.float32),
+                            np.empty((rows, first.ic if quantized else 0), dtype=np.int16),
+                            np.empty((rows, first.ic // kernels.QUANT_CHUNK if quantized else 0), dtype=np.float32))
             # big matrices are split over the threads; small ones run faster without the hand-off
             weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
             parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches]
-            self.kernel = self.gemv_kernels[0] if parallel else self.gemv_kernels[1]
-            self.kernel = jit.runnable(self.kernel, self.gemv_calls[0])
+            pair = self.gemv_kernels if rows == 1 else self.rows_kernels
+            self.gemv_call = self._gemv_args() if rows == 1 else self._rows_args()
+            self.kernel = jit.runnable(pair[0] if parallel else pair[1], self.gemv_call)
 
     def _matrices(self) -> tuple:
         return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
                 tuple(w.k for w in self.weights), tuple(w.bias for w in self.weights))
 
-    def _gemv_args(self, row: int) -> tuple:
+    def _spans(self) -> np.ndarray:
+        return kernels.row_spans([w.oc for w in self.weights])
+
+    def _gemv_args(self) -> tuple:
         first = self.weights[0]
-        spans = kernels.row_spans([w.oc for w in self.weights])
-        return (*self._matrices(), spans, self.x[row], first.nibbles, first.block, self.xd, self.xo, self.xsum,
-                self.xq, self.xscale, tuple(out[row] for out in self.outs))
+        return (*self._matrices(), self._spans(), self.x[0], first.nibbles, first.block,
+                *(buffer[0] for buffer in self.buffers), tuple(out[0] for out in self.outs))
+
+    def _rows_args(self) -> tuple:
+        first = self.weights[0]
+        return (*self._matrices(), self._spans(), self.x, first.nibbles, first.block, *self.buffers, tuple(self.outs))
 
     gemv_kernels = (kernels.gemv_group, kernels.gemv_group_serial)   # (parallel, serial)
+    rows_kernels = (kernels.gemv_rows_group, kernels.gemv_rows_group_serial)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
-        if not self.gemv_calls:
+        if self.gemv_call is None:
             self._prefill()
             return
-        for args in self.gemv_calls:
-            self.kernel(*args)
+        self.kernel(*self.gemv_call)
 
     def _prefill(self) -> None:
         threads = self.backend.workers.threads
@@ -174,15 +184,20 @@ class CPUGatedLinear(CPULinear):
     """GatedLinear: out = up(x) * silu(gate(x)), members [gate, up]."""
 
     gemv_kernels = (kernels.gemv_gated, kernels.gemv_gated_serial)
+    rows_kernels = (kernels.gemv_rows_gated, kernels.gemv_rows_gated_serial)
 
     def bind(self):
         self.out = self.outputs[0].device.reshape(self.rows, -1)
         super().bind()
 
-    def _gemv_args(self, row: int) -> tuple:
+    def _gemv_args(self) -> tuple:
         first = self.weights[0]
-        return (*self._matrices(), self.x[row], first.nibbles, first.block, self.xd, self.xo, self.xsum,
-                self.xq, self.xscale, self.out[row])
+        return (*self._matrices(), self.x[0], first.nibbles, first.block, *(buffer[0] for buffer in self.buffers),
+                self.out[0])
+
+    def _rows_args(self) -> tuple:
+        first = self.weights[0]
+        return (*self._matrices(), self.x, first.nibbles, first.block, *self.buffers, self.out)
 
     def _prefill(self) -> None:
         gate, up = self.weights
