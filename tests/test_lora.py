@@ -83,3 +83,17 @@ def test_a_lora_of_another_model_is_refused():
     with pytest.raises(MnnGpuError) as caught:
         base.create_lora(MODEL_DIR / "lora.mnn")
     assert "lora.mnn" in str(caught.value)
+
+
+def test_the_command_line_runs_a_lora_on_the_base_weights(capsys):
+    from mnngpu import cli
+
+    def reply(*flags: str) -> str:
+        code = cli.main(["run", str(MODEL_DIR), "--no-template", "-p", PROMPTS[0]["text"], "-n", "6",
+                         "--sampler", "greedy", "--precision", "high", *flags])
+        assert code == 0
+        return capsys.readouterr().out
+
+    with_lora = reply("--lora", "lora.mnn")
+    assert with_lora == reply("--config", "llm_model=lora.mnn")   # the LoRA graph loaded on its own
+    assert with_lora != reply()                                     # the adapter changes the reply

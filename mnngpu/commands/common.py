@@ -24,6 +24,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["low", "normal", "high"])
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="any config key; VALUE is JSON or a plain string (repeatable)")
+    parser.add_argument("--lora", metavar="LORA_MNN",
+                        help="run this LoRA graph (the lora.mnn of llmexport --lora_split, relative to the model "
+                             "folder) on the model's weights, as MNN's create_lora does")
     parser.add_argument("--show-special", action="store_true",
                         help="show the special tokens a reply holds (hidden by default)")
     group = parser.add_argument_group("sampling")
@@ -89,6 +92,8 @@ def load_model(args: argparse.Namespace, extra: dict | None = None):
         model.load(progress=progress)
     finally:
         progress.close()
+    if getattr(args, "lora", None):
+        model = model.create_lora(args.lora)
     model.tokenizer  # noqa: B018 (loaded now, so that "ready" means ready to answer)
     print(ready_line(model, time.perf_counter() - start), file=sys.stderr)
     return model
