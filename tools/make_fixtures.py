@@ -68,6 +68,9 @@ SPECS = [
     FixtureSpec("qwen2_embed_int8", "qwen2", ["--quant_bit", "4", "--quant_block", "64", "--embed_bit", "8"]),
     FixtureSpec("qwen3_embed_int4", "qwen3", ["--quant_bit", "8", "--quant_block", "64", "--embed_bit", "4"],
                 hf_overrides={"head_dim": 32}),
+    FixtureSpec("qwen2_int8_asym_b128", "qwen2", ["--quant_bit", "8", "--quant_block", "128"]),
+    FixtureSpec("llama_sym_int4_b128", "llama", ["--quant_bit", "4", "--quant_block", "128", "--sym"]),
+    FixtureSpec("qwen3_fp16", "qwen3", ["--quant_bit", "16"], hf_overrides={"head_dim": 32}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
