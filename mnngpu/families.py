@@ -14,6 +14,11 @@ SUPPORTED = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3 (dense)",
     "llama": "Llama 2 / 3.x",
+    # the exporter writes these with attention_type "full" and no sliding_window, and keeps
+    # gemma2's final-logit soft-capping (not its attention soft-capping) in the graph: mnngpu runs
+    # what the export says, as MNN does
+    "mistral": "Mistral (exported with full attention)",
+    "gemma2": "Gemma 2 (exported with full attention and final-logit soft-capping)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why

@@ -139,9 +139,10 @@ def test_layernorm_gamma_equals_hf_norm_weights(name):
     weights = WeightFile(folder / "llm.mnn.weight")
     norms = [op for op in net.ops if op.type == "LayerNorm"]
     assert norms
+    offset = 1.0 if hf_config(name)["model_type"].startswith("gemma") else 0.0  # Gemma scales by 1 + weight
     for op in norms:
         gamma, beta = read_layernorm(weights, op.param, op.name)
-        np.testing.assert_array_equal(gamma, tensors[hf_norm_name(op.name)], err_msg=op.name)
+        np.testing.assert_array_equal(gamma, tensors[hf_norm_name(op.name)] + np.float32(offset), err_msg=op.name)
         assert op.param.useRMSNorm and (beta is None or not beta.any())
 
 
