@@ -24,6 +24,7 @@ SUPPORTED = {
 # families MNN's exporter writes that are known not to run yet, and why
 NOT_SUPPORTED = {
     "qwen3_moe": "MNN's MoE op (expert subgraphs), TopKV2, Softmax and Reduction are not implemented",
+    "gemma3_text": "sliding-window attention (attention_type sliding or mix) is not implemented",
 }
 
 

@@ -1,5 +1,8 @@
 """`mnngpu inspect`: what a model folder holds, read from its graph, weights and config.
 
+It loads no model: a config value mnngpu does not compute (which `load` rejects) is listed, not
+raised, so inspect describes any folder MNN's exporter writes.
+
 `inspect_model` returns plain JSON-ready data; `format_inspect_table` renders it for a
 terminal. Model facts come from the graph where it states them (the lm_head's shape,
 the attention reshapes), from llm_config.json otherwise.
@@ -22,7 +25,7 @@ from mnngpu.runtime import op_table
 
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     """Facts about the model in `path` (its folder, or its config.json)."""
-    config = LlmConfig.load(path)
+    config = LlmConfig.load(path, check_support=False)
     net = read_net(config.model_path)
     weight_path = Path(config.weight_path)
     weights = WeightFile(weight_path) if weight_path.is_file() else None
@@ -39,6 +42,8 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "n_subgraphs": len(net.subgraphs),
         "family": family_facts(config.get("model_type")),
         "support": op_support(net),
+        "unsupported_keys": [{"key": error.field, "path": error.path, "error": str(error)}
+                             for error in config.unsupported()],
     }
 
 
@@ -255,6 +260,10 @@ def format_inspect_table(info: dict[str, Any]) -> str:
     for i in range(0, len(by_count), 3):
         rows.append(("", "   ".join(f"{name:<14}{count:>5}" for name, count in by_count[i: i + 3])))
     rows.extend(_support_rows(info["family"], info["support"]))
+    keys = info["unsupported_keys"]
+    rows.extend(("config" if i == 0 else "", f"NOT SUPPORTED: {key['error']}") for i, key in enumerate(keys))
+    if not keys:
+        rows.append(("config", "every key's value is supported"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}".rstrip() for label, text in rows)
 

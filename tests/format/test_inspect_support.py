@@ -13,7 +13,8 @@ from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, 
 
 from mnngpu.backend import REGISTRY, backend_class
 from mnngpu.cli import main
-from mnngpu.errors import BackendUnavailableError
+from mnngpu.config import LlmConfig
+from mnngpu.errors import BackendUnavailableError, ConfigError
 from mnngpu.format.enums import OP_TYPE
 from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.runtime import op_table
@@ -47,11 +48,13 @@ def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name
             cpu = executions("cpu")
             assert facts["cpu_fallback"] == [op for op in want if op in cpu and op not in table
                                              and not support["ops"][op]["host"]]
+    assert info["unsupported_keys"] == []
     text = format_inspect_table(info)
     assert f"{info['family']['model_type']}: supported" in text and "are supported" in text
+    assert "every key's value is supported" in text
 
 
-def write_model(folder, model_type: str | None) -> None:
+def write_model(folder, model_type: str | None, **llm_config) -> None:
     """A folder whose graph feeds its input through MNN's own RoPE op (306), which no backend runs."""
     b = flatbuffers.Builder(0)
     ops = [fbw.op(b, "x", TYPE_CODE["Input"], 0, None, [], [0]),
@@ -59,7 +62,7 @@ def write_model(folder, model_type: str | None) -> None:
     folder.mkdir()
     (folder / "llm.mnn").write_bytes(fbw.net(b, ops, ["x", "y"], ["y"]))
     (folder / "config.json").write_text(json.dumps({"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight"}))
-    llm_config = {"hidden_size": 4, "layer_nums": 1}
+    llm_config = {"hidden_size": 4, "layer_nums": 1, **llm_config}
     if model_type is not None:
         llm_config["model_type"] = model_type
     (folder / "llm_config.json").write_text(json.dumps(llm_config))
@@ -109,3 +112,19 @@ def test_a_backend_lacking_an_op_is_shown_falling_back_to_the_cpu(monkeypatch):
     assert "opencl" not in info["support"]["ops"]["LayerNorm"]["backends"]
     text = format_inspect_table(info)
     assert "falls back to the CPU for LayerNorm" in text and "not installed here" in text
+
+
+def test_a_config_value_load_rejects_is_listed_by_inspect_not_raised(tmp_path, capsys):
+    folder = tmp_path / "model"
+    write_model(folder, "gemma3_text", attention_type="sliding", sliding_window=64)
+    with pytest.raises(ConfigError, match="attention_type"):
+        LlmConfig.load(folder)
+    assert main(["inspect", "--json", str(folder)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [key["key"] for key in info["unsupported_keys"]] == ["attention_type"]
+    assert info["unsupported_keys"][0]["path"] == str(folder / "llm_config.json")
+    assert not info["family"]["supported"] and "sliding-window" in info["family"]["note"]
+    assert main(["inspect", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    config_rows = [line for line in lines if line.startswith("config")]
+    assert len(config_rows) == 1 and 'attention_type: "sliding" is not supported' in config_rows[0]
