@@ -345,28 +345,29 @@ class LlmConfig:
     # ---- loading -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> LlmConfig:
-        """Load a model folder (its config.json), a config.json path, or a bare llm.mnn path."""
+    def load(cls, path: str | os.PathLike, check_support: bool = True) -> LlmConfig:
+        """Load a model folder (its config.json), a config.json path, or a bare llm.mnn path.
+        check_support=False keeps values mnngpu does not compute (inspect lists them: `unsupported`)."""
         path = Path(path)
         if path.suffix == ".mnn":
-            return cls._load_bare_model(path)
+            return cls._load_bare_model(path, check_support)
         config_path = path / CONFIG_FILE if path.is_dir() else path
         config = _read_object(config_path)
         cfg = cls(config, cls._resolve_base_dir(config, config_path), config_path)
         cfg._record_origins(config, os.fspath(config_path))
         cfg._merge_llm_config()
-        cfg.validate()
+        cfg.validate(check_support)
         return cfg
 
     @classmethod
-    def _load_bare_model(cls, model_path: Path) -> LlmConfig:
+    def _load_bare_model(cls, model_path: Path, check_support: bool) -> LlmConfig:
         # MNN's older usage: a path to llm.mnn stands for {"llm_model": name, "llm_weight": name.weight}.
         if not model_path.is_file():
             raise ConfigError("model file not found", path=model_path)
         config = {"llm_model": model_path.name, "llm_weight": model_path.name + ".weight"}
         cfg = cls(config, model_path.parent.resolve())
         cfg._merge_llm_config()
-        cfg.validate()
+        cfg.validate(check_support)
         return cfg
 
     @staticmethod
@@ -445,7 +446,7 @@ class LlmConfig:
             self._raw, self._origins = before
             raise
 
-    def validate(self) -> None:
+    def validate(self, check_support: bool = True) -> None:
         """Raise ConfigError for the first bad value; warn about keys MNN does not read."""
         for key, value in self._raw.items():
             if key == "jinja":
@@ -456,7 +457,18 @@ class LlmConfig:
                 self._warn_once(key, "not a key MNN reads; ignored (a typo?)")
             elif rule is not None and not rule[1](value):
                 self._fail(key, rule[0], value)
-            self._check_support(key, value)
+            if check_support:
+                self._check_support(key, value)
+
+    def unsupported(self) -> list[ConfigError]:
+        """The error each key whose value changes the math in a way mnngpu does not compute raises at load."""
+        found = []
+        for key, value in self._raw.items():
+            try:
+                self._check_support(key, value)
+            except ConfigError as error:
+                found.append(error)
+        return found
 
     def _check_support(self, key: str, value: Any) -> None:
         """Reject a value that would change the math in a way mnngpu does not compute; warn once

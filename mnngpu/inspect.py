@@ -1,5 +1,8 @@
 """`mnngpu inspect`: what a model folder holds, read from its graph, weights and config.
 
+It loads no model: a config value mnngpu does not compute (which `load` rejects) is listed, not
+raised, so inspect describes any folder MNN's exporter writes.
+
 `inspect_model` returns plain JSON-ready data; `format_inspect_table` renders it for a
 terminal. Model facts come from the graph where it states them (the lm_head's shape,
 the attention reshapes), from llm_config.json otherwise.
@@ -13,14 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from mnngpu.config import LlmConfig
+from mnngpu.families import family_facts
 from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
+from mnngpu.runtime import op_table
 
 
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     """Facts about the model in `path` (its folder, or its config.json)."""
-    config = LlmConfig.load(path)
+    config = LlmConfig.load(path, check_support=False)
     net = read_net(config.model_path)
     weight_path = Path(config.weight_path)
     weights = WeightFile(weight_path) if weight_path.is_file() else None
@@ -35,6 +40,10 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "ops": dict(sorted(Counter(op.type for op in net.ops).items())),
         "n_ops": len(net.ops),
         "n_subgraphs": len(net.subgraphs),
+        "family": family_facts(config.get("model_type")),
+        "support": op_support(net),
+        "unsupported_keys": [{"key": error.field, "path": error.path, "error": str(error)}
+                             for error in config.unsupported()],
     }
 
 
@@ -155,6 +164,32 @@ def _constant_values(op: Op) -> list[int] | None:
     return [int(v) for v in op.param.array().reshape(-1)]
 
 
+# --- what runs where ------------------------------------------------------------------
+
+def op_support(net: Net) -> dict[str, Any]:
+    """Which backends run each op type of the graph (subgraphs included), by op type alone:
+    from the op table, before any load. A backend lacking an op the CPU runs falls back to the
+    CPU for it; `inspect --backend` shows the per-node placement of a real load."""
+    counts = Counter(op.type for graph in [net, *net.subgraphs] for op in graph.ops
+                     if op.type not in op_table.SOURCES)
+    tables = op_table.backend_op_tables()
+    known = op_table.graph_op_types()
+    ops = {name: {"count": count, "host": name in known and op_table.OPS[name].shape_only,
+                  "backends": [b for b, table in tables.items() if table is not None and name in table]}
+           for name, count in sorted(counts.items())}
+    unsupported = [name for name in ops if name not in known]
+    cpu = tables.get("cpu") or frozenset()
+    backends = {}
+    for backend_type, table in tables.items():
+        if table is None:
+            backends[backend_type] = {"available": False, "cpu_fallback": [], "unsupported": unsupported}
+            continue
+        fallback = [name for name, op in ops.items()
+                    if name in known and not op["host"] and name not in table and name in cpu]
+        backends[backend_type] = {"available": True, "cpu_fallback": fallback, "unsupported": unsupported}
+    return {"all_supported": not unsupported, "unsupported": unsupported, "ops": ops, "backends": backends}
+
+
 # --- quantization ----------------------------------------------------------------------
 
 def _quant_facts(linears: list[QuantizedLinear]) -> dict[str, Any]:
@@ -175,14 +210,15 @@ def _layer_quant(lin: QuantizedLinear) -> dict[str, Any]:
 
 def _summarize(layers: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One line for a set of layers. block 0 = channel-wise; otherwise the export's block size
-    (layers narrower than a block show as one block, and the exporter halves a block that does
-    not divide a layer's width, so the widest multi-block size is the one it was given)."""
+    (a layer no wider than a block shows as one block, and the exporter halves a block that does
+    not divide a layer's width: once any layer has several blocks, the widest block is the one
+    it was given)."""
     if not layers:
         return None
     bits = sorted({layer["bits"] for layer in layers})
     symmetric = sorted({layer["symmetric"] for layer in layers})
-    blocked = [layer["block"] for layer in layers if layer["n_blocks"] > 1]
-    block = max(blocked) if blocked else 0
+    blocked = any(layer["n_blocks"] > 1 for layer in layers)
+    block = max(layer["block"] for layer in layers) if blocked else 0
     return {"bits": bits[0] if len(bits) == 1 else bits, "block": block,
             "symmetric": symmetric[0] if len(symmetric) == 1 else None,
             "mixed": len(bits) > 1 or len(symmetric) > 1, "count": len(layers)}
@@ -223,8 +259,34 @@ def format_inspect_table(info: dict[str, Any]) -> str:
     by_count = sorted(info["ops"].items(), key=lambda item: (-item[1], item[0]))
     for i in range(0, len(by_count), 3):
         rows.append(("", "   ".join(f"{name:<14}{count:>5}" for name, count in by_count[i: i + 3])))
+    rows.extend(_support_rows(info["family"], info["support"]))
+    keys = info["unsupported_keys"]
+    rows.extend(("config" if i == 0 else "", f"NOT SUPPORTED: {key['error']}") for i, key in enumerate(keys))
+    if not keys:
+        rows.append(("config", "every key's value is supported"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}".rstrip() for label, text in rows)
+
+
+def _support_rows(family: dict[str, Any], support: dict[str, Any]) -> list[tuple[str, str]]:
+    state = "supported" if family["supported"] else "NOT SUPPORTED"
+    rows = [("family", f"{family['model_type'] or '?'}: {state}; {family['note']}")]
+    if support["all_supported"]:
+        rows.append(("ops", f"all {len(support['ops'])} op types are supported"))
+    else:
+        names = ", ".join(f"{name} ({support['ops'][name]['count']})" for name in support["unsupported"])
+        rows.append(("ops", f"NOT SUPPORTED by any backend: {names}"))
+    for backend_type, facts in support["backends"].items():
+        if not facts["available"]:
+            line = "not installed here"
+        elif facts["unsupported"]:
+            line = "cannot run this graph"
+        elif facts["cpu_fallback"]:
+            line = f"runs it; falls back to the CPU for {', '.join(facts['cpu_fallback'])}"
+        else:
+            line = "runs every op"
+        rows.append((backend_type, line))
+    return rows
 
 
 def _model_line(model: dict[str, Any]) -> str:

@@ -53,7 +53,7 @@ PROMPTS = [
 @dataclass
 class FixtureSpec:
     name: str
-    family: str                      # qwen2 | qwen3 | llama
+    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2
     export_args: list[str]
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
@@ -70,6 +70,16 @@ SPECS = [
     FixtureSpec("qwen2_embed_int8", "qwen2", ["--quant_bit", "4", "--quant_block", "64", "--embed_bit", "8"]),
     FixtureSpec("qwen3_embed_int4", "qwen3", ["--quant_bit", "8", "--quant_block", "64", "--embed_bit", "4"],
                 hf_overrides={"head_dim": 32}),
+    FixtureSpec("qwen2_int8_asym_b128", "qwen2", ["--quant_bit", "8", "--quant_block", "128"]),
+    FixtureSpec("llama_sym_int4_b128", "llama", ["--quant_bit", "4", "--quant_block", "128", "--sym"]),
+    FixtureSpec("qwen3_fp16", "qwen3", ["--quant_bit", "16"], hf_overrides={"head_dim": 32}),
+    FixtureSpec("llama_int4_b0", "llama", ["--quant_bit", "4", "--quant_block", "0"]),
+    FixtureSpec("qwen3_sym_int8_b32", "qwen3", ["--quant_bit", "8", "--quant_block", "32", "--sym"],
+                hf_overrides={"head_dim": 32}),
+    FixtureSpec("mistral_int4_b64", "mistral", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"sliding_window": 64}),
+    FixtureSpec("gemma2_tied_int4", "gemma2", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
+                hf_overrides={"head_dim": 32, "sliding_window": 64}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -90,6 +100,8 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
     }[spec.family]
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,

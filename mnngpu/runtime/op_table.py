@@ -109,13 +109,18 @@ def graph_op_types() -> frozenset[str]:
     return frozenset(name for name, op in OPS.items() if not op.fuses)
 
 
-def implemented_by(op_type: str) -> list[str]:
-    """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
-    found = []
+def backend_op_tables() -> dict[str, frozenset[str] | None]:
+    """Each registered backend type's op types (its `executions` keys); None where its package is missing."""
+    tables: dict[str, frozenset[str] | None] = {}
     for backend_type in REGISTRY:
         try:
-            if op_type in backend_class(backend_type).executions:
-                found.append(backend_type)
+            tables[backend_type] = frozenset(backend_class(backend_type).executions)
         except BackendUnavailableError:
-            continue
-    return found
+            tables[backend_type] = None
+    return tables
+
+
+def implemented_by(op_type: str) -> list[str]:
+    """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
+    return [backend_type for backend_type, table in backend_op_tables().items()
+            if table is not None and op_type in table]

@@ -119,6 +119,11 @@ def _first_linear(folder: Path):
     return next(op for op in read_net(folder / "llm.mnn").ops if op.type == "Convolution").param.external
 
 
+def _quantized(model: str) -> bool:
+    args = json.loads((MODELS / model / "reference.json").read_text())["export_args"]
+    return args[args.index("--quant_bit") + 1] != "16"
+
+
 def _weight_header(data: bytearray, folder: Path) -> None:
     data[_first_linear(folder)[0]] = 9  # the IDST section's dimension count: 1 to 4
 
@@ -176,10 +181,6 @@ def every_model_damages(model: str) -> list[Damage]:
         Damage("weights cut in half", truncate("llm.mnn.weight"), WeightFileError, "load", "llm.mnn.weight"),
         Damage("weights empty", write("llm.mnn.weight", b""), WeightFileError, "load", "llm.mnn.weight"),
         Damage("weights missing", remove("llm.mnn.weight"), WeightFileError, "load", "llm.mnn.weight"),
-        Damage("weight section header corrupt", patch("llm.mnn.weight", _weight_header), ModelFormatError, "load",
-               "llm.mnn.weight"),
-        Damage("weight scales NaN", patch("llm.mnn.weight", _alpha_nan), ModelFormatError, "load",
-               "llm.mnn.weight"),
         Damage("graph cut in half", truncate("llm.mnn"), ModelFormatError, "load", "llm.mnn"),
         Damage("graph cut to 3 bytes", truncate("llm.mnn", 3 / 40000), ModelFormatError, "load", "llm.mnn"),
         Damage("graph random bytes", garbage("llm.mnn"), ModelFormatError, "load", "llm.mnn"),
@@ -228,6 +229,13 @@ def every_model_damages(model: str) -> list[Damage]:
         Damage("tokenizer vocab larger than the model's", use_tokenizer("huggingface"), InputError, "response",
                None),
     ]
+    if _quantized(model):  # an fp16 export's weight sections have no header and no scales
+        damages += [
+            Damage("weight section header corrupt", patch("llm.mnn.weight", _weight_header), ModelFormatError,
+                   "load", "llm.mnn.weight"),
+            Damage("weight scales NaN", patch("llm.mnn.weight", _alpha_nan), ModelFormatError, "load",
+                   "llm.mnn.weight"),
+        ]
     embedding = embedding_file(model)
     if embedding is not None:
         damages += [

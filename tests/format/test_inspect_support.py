@@ -1,0 +1,130 @@
+"""`mnngpu inspect` says, before any load, which family a folder is and which backends run each
+op type of its graph: checked on the fixture exports against the backends' own op tables, and on
+hand-built graphs with an op no backend runs, an unknown family and no family at all."""
+
+from __future__ import annotations
+
+import json
+
+import fb_writer as fbw
+import flatbuffers
+import pytest
+from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
+
+from mnngpu.backend import REGISTRY, backend_class
+from mnngpu.cli import main
+from mnngpu.config import LlmConfig
+from mnngpu.errors import BackendUnavailableError, ConfigError
+from mnngpu.format.enums import OP_TYPE
+from mnngpu.inspect import format_inspect_table, inspect_model
+from mnngpu.runtime import op_table
+
+TYPE_CODE = {name: code for code, name in OP_TYPE.items()}
+
+
+def executions(backend_type: str) -> set[str] | None:
+    try:
+        return set(backend_class(backend_type).executions)
+    except BackendUnavailableError:
+        return None
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name):
+    info = inspect_model(fixture_dir(name))
+    assert info["family"]["model_type"] == hf_config(name)["model_type"] and info["family"]["supported"]
+    support = info["support"]
+    want = {op: n for op, n in reference(name)["op_counts"].items() if op not in ("Input", "Const")}
+    assert {op: facts["count"] for op, facts in support["ops"].items()} == want
+    assert support["all_supported"] and support["unsupported"] == []
+    for op, facts in support["ops"].items():
+        assert facts["backends"] == [b for b in REGISTRY if op in (executions(b) or ())], op
+        assert facts["host"] == (op in ("Shape", "Rank", "Size")), op
+    for backend_type, facts in support["backends"].items():
+        table = executions(backend_type)
+        assert facts["available"] == (table is not None)
+        if table is not None:
+            cpu = executions("cpu")
+            assert facts["cpu_fallback"] == [op for op in want if op in cpu and op not in table
+                                             and not support["ops"][op]["host"]]
+    assert info["unsupported_keys"] == []
+    text = format_inspect_table(info)
+    assert f"{info['family']['model_type']}: supported" in text and "are supported" in text
+    assert "every key's value is supported" in text
+
+
+def write_model(folder, model_type: str | None, **llm_config) -> None:
+    """A folder whose graph feeds its input through MNN's own RoPE op (306), which no backend runs."""
+    b = flatbuffers.Builder(0)
+    ops = [fbw.op(b, "x", TYPE_CODE["Input"], 0, None, [], [0]),
+           fbw.op(b, "rope", TYPE_CODE["RoPE"], 0, None, [0], [1])]
+    folder.mkdir()
+    (folder / "llm.mnn").write_bytes(fbw.net(b, ops, ["x", "y"], ["y"]))
+    (folder / "config.json").write_text(json.dumps({"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight"}))
+    llm_config = {"hidden_size": 4, "layer_nums": 1, **llm_config}
+    if model_type is not None:
+        llm_config["model_type"] = model_type
+    (folder / "llm_config.json").write_text(json.dumps(llm_config))
+
+
+def test_an_op_no_backend_runs_and_an_unknown_family_are_named_not_a_crash(tmp_path, capsys):
+    folder = tmp_path / "model"
+    write_model(folder, "gemma9")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+
+    assert main(["inspect", "--json", str(folder)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"]["model_type"] == "gemma9" and not info["family"]["supported"]
+    assert info["support"]["unsupported"] == ["RoPE"] and not info["support"]["all_supported"]
+    assert info["support"]["ops"]["RoPE"] == {"count": 1, "host": False, "backends": []}
+
+    assert main(["inspect", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    family = [line for line in lines if line.startswith("family")]
+    assert len(family) == 1 and "gemma9: NOT SUPPORTED; not a family mnngpu supports" in family[0]
+    assert "qwen2" in family[0]
+    assert any(line.startswith("ops") and "NOT SUPPORTED by any backend: RoPE (1)" in line for line in lines)
+    for backend_type in REGISTRY:
+        row = next(line for line in lines if line.split()[0] == backend_type)
+        assert "cannot run this graph" in row or "not installed here" in row
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == before
+
+
+def test_a_folder_without_model_type_gets_one_family_line(tmp_path):
+    folder = tmp_path / "model"
+    write_model(folder, None)
+    info = inspect_model(folder)
+    assert info["family"]["model_type"] is None and not info["family"]["supported"]
+    assert "names no model_type" in info["family"]["note"]
+    assert sum(line.startswith("family") for line in format_inspect_table(info).splitlines()) == 1
+
+
+@needs_fixtures
+def test_a_backend_lacking_an_op_is_shown_falling_back_to_the_cpu(monkeypatch):
+    real = op_table.backend_op_tables()
+    narrowed = {**real, "opencl": (real["cpu"] or frozenset()) - {"LayerNorm"}, "cuda": None}
+    monkeypatch.setattr(op_table, "backend_op_tables", lambda: narrowed)
+    info = inspect_model(fixture_dir(FIXTURE_NAMES[0]))
+    backends = info["support"]["backends"]
+    assert backends["opencl"]["cpu_fallback"] == ["LayerNorm"] and backends["vulkan"]["cpu_fallback"] == []
+    assert not backends["cuda"]["available"]
+    assert "opencl" not in info["support"]["ops"]["LayerNorm"]["backends"]
+    text = format_inspect_table(info)
+    assert "falls back to the CPU for LayerNorm" in text and "not installed here" in text
+
+
+def test_a_config_value_load_rejects_is_listed_by_inspect_not_raised(tmp_path, capsys):
+    folder = tmp_path / "model"
+    write_model(folder, "gemma3_text", attention_type="sliding", sliding_window=64)
+    with pytest.raises(ConfigError, match="attention_type"):
+        LlmConfig.load(folder)
+    assert main(["inspect", "--json", str(folder)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [key["key"] for key in info["unsupported_keys"]] == ["attention_type"]
+    assert info["unsupported_keys"][0]["path"] == str(folder / "llm_config.json")
+    assert not info["family"]["supported"] and "sliding-window" in info["family"]["note"]
+    assert main(["inspect", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    config_rows = [line for line in lines if line.startswith("config")]
+    assert len(config_rows) == 1 and 'attention_type: "sliding" is not supported' in config_rows[0]
