@@ -15,6 +15,7 @@ MNNGPU_BACKGROUND_COMPILE=0 to compile in the foreground instead (benchmarks and
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib
 import logging
@@ -111,13 +112,20 @@ class Background:
                 self.queued.append(job)
         return job
 
-    def done(self, job: Job) -> bool:
-        """Whether `job` has run; starts the queued jobs when no process is running."""
+    def done(self, job: Job, start: bool = True) -> bool:
+        """Whether `job` has run; with `start`, starts the queued jobs when no process is running."""
         if job in self.finished:
             return True
         with self.lock:
-            self._advance()
+            self._advance(start)
         return job in self.finished
+
+    def start_leftovers(self) -> None:
+        """At exit: jobs never started still go to a process of their own, so the next run is warm."""
+        with self.lock:
+            if self.queued:
+                _start_worker(self.queued)
+                self.queued = []
 
     def wait(self) -> None:
         """Block until every job queued so far has run (benchmarks time compiled kernels only)."""
@@ -129,7 +137,7 @@ class Background:
                 return
             process.wait()
 
-    def _advance(self) -> None:
+    def _advance(self, start: bool = True) -> None:
         if self.running is not None and self.running[0].poll() is not None:
             process, jobs = self.running
             if process.returncode != 0:
@@ -137,7 +145,7 @@ class Background:
                             process.returncode, _worker_log())
             self.finished.update(jobs)
             self.running = None
-        if self.running is None and self.queued:
+        if start and self.running is None and self.queued:
             if not self.finished:
                 warnings.warn("compiling kernels in the background (the first run on this machine only); "
                               "numpy stands in until they are ready", stacklevel=2)
@@ -162,6 +170,7 @@ def _start_worker(jobs: list[Job]) -> subprocess.Popen:
 
 
 BACKGROUND = Background()
+atexit.register(BACKGROUND.start_leftovers)
 
 
 # ---- kernels and their numpy twins -----------------------------------------------------------
@@ -225,7 +234,9 @@ def warm_up(name: str, key: str, function: Callable, make_args: Callable[[], tup
     if not background_allowed() or (cache_dir() / marker).exists():
         return lambda: True
     job = BACKGROUND.submit(Job(function.__module__, function.__name__, args=make_args(), marker=marker))
-    return lambda: BACKGROUND.done(job)
+    # The check starts nothing: the first kernel stand-in starts one process for all the jobs
+    # queued by then (the tokenizer is asked before the kernels are bound), or the exit does.
+    return lambda: BACKGROUND.done(job, start=False)
 
 
 def wait_for_compiles() -> None:
