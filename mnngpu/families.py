@@ -13,12 +13,16 @@ from typing import Any
 SUPPORTED = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3 (dense)",
-    "llama": "Llama 2 / 3.x",
+    "llama": "Llama 2 / 3.x (the exporter drops llama3 rope scaling, as MNN does)",
     # the exporter writes these with attention_type "full" and no sliding_window, and keeps
     # gemma2's final-logit soft-capping (not its attention soft-capping) in the graph: mnngpu runs
     # what the export says, as MNN does
     "mistral": "Mistral (exported with full attention)",
     "gemma2": "Gemma 2 (exported with full attention and final-logit soft-capping)",
+    "phi3": "Phi-3 / Phi-3.5 / Phi-4-mini",
+    "phi": "Phi-2 (partial rotary, parallel attention and MLP)",
+    "hunyuan_v1_dense": "Hunyuan dense (query and key norms)",
+    "glm": "GLM-4 (exported with the float mask)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why

@@ -53,7 +53,7 @@ PROMPTS = [
 @dataclass
 class FixtureSpec:
     name: str
-    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2
+    family: str                      # HF model_type: qwen2 | llama | phi3 | ...
     export_args: list[str]
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
@@ -80,6 +80,15 @@ SPECS = [
                 hf_overrides={"sliding_window": 64}),
     FixtureSpec("gemma2_tied_int4", "gemma2", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
                 hf_overrides={"head_dim": 32, "sliding_window": 64}),
+    # the exporter computes rotary angles from rope_theta alone: llama3 scaling is not in the export
+    FixtureSpec("llama3_scaled_int4", "llama", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}),
+    FixtureSpec("phi3_int4_b32", "phi3", ["--quant_bit", "4", "--quant_block", "32"]),
+    FixtureSpec("phi2_int8", "phi", ["--quant_bit", "8", "--quant_block", "64"]),
+    FixtureSpec("hunyuan_int4", "hunyuan_v1_dense", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32}),
+    FixtureSpec("glm4_int4", "glm", ["--quant_bit", "4", "--quant_block", "64"], hf_overrides={"head_dim": 32}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -96,21 +105,14 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
     import torch
     import transformers
 
-    config_class, model_class = {
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
-    }[spec.family]
     eos = SPECIAL_TOKENS.index("<|im_end|>")
-    config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,
-                          bos_token_id=0, pad_token_id=0, torch_dtype="float32",
-                          **{**TINY_SHAPE, **spec.hf_overrides})
+    config = transformers.AutoConfig.for_model(spec.family, vocab_size=vocab_size, tie_word_embeddings=spec.tied,
+                                               eos_token_id=eos, bos_token_id=0, pad_token_id=0,
+                                               torch_dtype="float32", **{**TINY_SHAPE, **spec.hf_overrides})
     torch.manual_seed(sum(map(ord, spec.name)))
     # float32, so the exporter quantizes exact source values: every stored weight is then within
     # half a quantization step of the committed source tensor
-    model = model_class(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
 
