@@ -88,7 +88,6 @@ SPECS = [
     FixtureSpec("phi2_int8", "phi", ["--quant_bit", "8", "--quant_block", "64"]),
     FixtureSpec("hunyuan_int4", "hunyuan_v1_dense", ["--quant_bit", "4", "--quant_block", "64"],
                 hf_overrides={"head_dim": 32}),
-    FixtureSpec("glm4_int4", "glm", ["--quant_bit", "4", "--quant_block", "64"], hf_overrides={"head_dim": 32}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
