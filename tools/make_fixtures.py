@@ -53,7 +53,7 @@ PROMPTS = [
 @dataclass
 class FixtureSpec:
     name: str
-    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2
+    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2 | qwen3_moe
     export_args: list[str]
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
@@ -80,6 +80,9 @@ SPECS = [
                 hf_overrides={"sliding_window": 64}),
     FixtureSpec("gemma2_tied_int4", "gemma2", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
                 hf_overrides={"head_dim": 32, "sliding_window": 64}),
+    FixtureSpec("qwen3_moe_int4_b64", "qwen3_moe", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 64, "norm_topk_prob": True}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -102,6 +105,7 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
     }[spec.family]
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,

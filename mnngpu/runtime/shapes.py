@@ -113,3 +113,21 @@ def linear_group(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype
 def gated_linear(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     """up * silu(gate): the members' common output."""
     return linear_group(node, inputs)[:1]
+
+
+def top_k(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """TopKV2: values and int32 indices, the axis cut to k."""
+    x = inputs[0]
+    k, axis = host_ops.top_k_axis([None, *_host_values(node, inputs, 1)], len(x.shape))
+    if not 0 < k <= x.shape[axis]:
+        raise ModelFormatError(f"TopKV2 k must be in [1, {x.shape[axis]}], got {k}", field=node.name)
+    shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+    return [(shape, x.dtype), (shape, INT)]
+
+
+def reduction(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    x = inputs[0]
+    axes = host_ops.reduction_axes(node, [None, *_host_values(node, inputs, 1)], len(x.shape))
+    keep = bool(node.param.keepDims)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
+    return [(shape, x.dtype)]
