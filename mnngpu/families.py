@@ -19,11 +19,12 @@ SUPPORTED = {
     # what the export says, as MNN does
     "mistral": "Mistral (exported with full attention)",
     "gemma2": "Gemma 2 (exported with full attention and final-logit soft-capping)",
+    # MNN's MoE op with one subgraph per expert: inlined at load, routing on the device
+    "qwen3_moe": "Qwen3 MoE (Qwen3-30B-A3B style: routed experts, no shared expert)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why
 NOT_SUPPORTED = {
-    "qwen3_moe": "MNN's MoE op (expert subgraphs), TopKV2, Softmax and Reduction are not implemented",
     "gemma3_text": "sliding-window attention (attention_type sliding or mix) is not implemented",
 }
 

@@ -145,7 +145,8 @@ def build_lora_adapter(spec: FixtureSpec, adapter_dir: Path) -> None:
     (adapter_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
 
 
-def mnn_op_counts(model_dir: Path) -> dict[str, int]:
+def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Op counts of the main graph and of all its subgraphs (a MoE export's experts), by type."""
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "llm.json"
         subprocess.run([sys.executable, "-c", "import sys; from MNN.tools import mnnconvert; "
@@ -153,7 +154,9 @@ def mnn_op_counts(model_dir: Path) -> dict[str, int]:
                         "-f", "MNN", "--modelFile", str(model_dir / "llm.mnn"), "--JsonFile", str(dump)],
                        check=True, capture_output=True)
         graph = json.loads(dump.read_text())
-    return dict(sorted(Counter(op["type"] for op in graph["oplists"]).items()))
+    sub_ops = [op["type"] for sub in graph.get("subgraphs", []) for op in sub["nodes"]]
+    return (dict(sorted(Counter(op["type"] for op in graph["oplists"]).items())),
+            dict(sorted(Counter(sub_ops).items())))
 
 
 def record_oracle(model_dir: Path) -> dict:
@@ -198,7 +201,9 @@ def make_fixture(spec: FixtureSpec) -> Path:
     reference["export_args"] = spec.export_args
     reference["family"] = spec.family
     reference["tied"] = spec.tied
-    reference["op_counts"] = mnn_op_counts(dest)
+    reference["op_counts"], subgraph_counts = mnn_op_counts(dest)
+    if subgraph_counts:
+        reference["subgraph_op_counts"] = subgraph_counts
     (dest / "reference.json").write_text(to_readable_json(reference))
     return dest
 
