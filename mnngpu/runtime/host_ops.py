@@ -258,8 +258,8 @@ def expert_add(node, inputs):
     """The engine's EXPERT_ADD node (runtime/moe.py): [acc +] w * y, where w per token is the
     routing weight the router gave expert `param.expert` (zero where it did not select it)."""
     y, weights, selected = inputs[:3]
-    rows = y.shape[0]
-    chosen = selected.reshape(rows, -1) == node.param.expert
-    w = np.where(chosen, weights.reshape(rows, -1), 0).sum(axis=1).astype(FLOAT)
-    out = y * w.reshape((rows,) + (1,) * (y.ndim - 1))
+    top_k = node.param.top_k
+    chosen = selected.reshape(-1, top_k) == node.param.expert
+    w = np.where(chosen, weights.reshape(-1, top_k), 0).sum(axis=1).astype(FLOAT)
+    out = y * w[:, None]
     return out + inputs[3] if len(inputs) > 3 else out

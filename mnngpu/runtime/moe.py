@@ -31,9 +31,11 @@ class MoEParam:
 
 @dataclass(frozen=True)
 class ExpertAddParam:
-    """The EXPERT_ADD node: inputs [expert output (seq, H), weights, selected(, acc)]."""
+    """The EXPERT_ADD node: inputs [expert output (seq, H), weights, selected(, acc)]; weights and
+    selected hold top_k entries per row."""
 
     expert: int
+    top_k: int
 
 
 def moe_param(net: Net, op: Op, where: str) -> MoEParam:
@@ -100,13 +102,14 @@ def inline_experts(net: Net) -> Net:
         hidden, weights, selected = op.inputs[:3]
         acc = None
         experts = expert_subgraphs(net, op, where)
+        top_k = moe_param(net, op, where).top_k
         for expert, graph in enumerate(experts):
             output = _inline_expert(graph, hidden, tensor_names, ops)
             last = expert == len(experts) - 1
             target = op.outputs[0] if last else _new_tensor(tensor_names, f"{op.name}/sum{expert}")
             inputs = [output, weights, selected] + ([] if acc is None else [acc])
             ops.append(Op(EXPERT_ADD, f"{op.name}/expert{expert}", inputs, [target], "ExpertAddParam",
-                          ExpertAddParam(expert)))
+                          ExpertAddParam(expert, top_k)))
             acc = target
     return replace(net, ops=ops, tensor_names=tensor_names)
 

@@ -74,7 +74,7 @@ OPS: dict[str, OpType] = {
     LINEAR_GROUP: OpType(shapes.linear_group, fuses="Convolutions reading the same input (q, k, v)"),
     GATED_LINEAR: OpType(shapes.gated_linear, fuses="MUL_SILU(up(x), gate(x)) of two Convolutions"),
     ROPE: OpType(shapes.same, fuses="x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half)"),
-    EXPERT_ADD: OpType(shapes.same, host_ops.expert_add, min_inputs=3,
+    EXPERT_ADD: OpType(shapes.expert_add, host_ops.expert_add, min_inputs=3,
                        fuses="MNN's MoE op: acc + (routing weight of expert e) * expert_e(x)"),
 }
 

@@ -131,3 +131,15 @@ def reduction(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     keep = bool(node.param.keepDims)
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
     return [(shape, x.dtype)]
+
+
+def expert_add(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """EXPERT_ADD (runtime/moe.py): the expert output's (rows, H), once the routing holds top_k
+    weights and ids for each of those rows."""
+    y, weights, selected = inputs[:3]
+    want = (y.shape[0] if len(y.shape) == 2 else -1) * node.param.top_k
+    if weights.size != want or selected.size != want or (len(inputs) > 3 and inputs[3].shape != y.shape):
+        raise ModelFormatError(f"a MoE expert output of shape (rows, hidden) and top_k={node.param.top_k} routing "
+                               f"entries per row, got output {y.shape}, weights {weights.shape} and expert ids "
+                               f"{selected.shape}", field=node.name)
+    return [(y.shape, y.dtype)]

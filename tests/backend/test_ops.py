@@ -361,7 +361,7 @@ def test_expert_add_chain_is_the_sparse_mixture(backend):
     weights = stored(backend, rng.uniform(0.1, 1, (1, tokens, k)))
     acc = None
     for expert, y in enumerate(outputs):
-        node = Node(EXPERT_ADD, f"e{expert}", ExpertAddParam(expert))
+        node = Node(EXPERT_ADD, f"e{expert}", ExpertAddParam(expert, k))
         arrays = [y, weights, selected] + ([] if acc is None else [acc])
         acc = run(backend, node, arrays, declined_by=ROUTING_DECLINED_BY)
     close(backend, acc, reference.expert_mixture(outputs, weights, selected), 1e-5)

@@ -4,10 +4,14 @@ fixed-shape backends the routing stays on the device."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from mnngpu.backend import Node, Tensor
+from mnngpu.errors import ModelFormatError
 from mnngpu.format import read_net
-from mnngpu.runtime.moe import inline_experts
+from mnngpu.runtime import op_table
+from mnngpu.runtime.moe import ExpertAddParam, inline_experts
 from mnngpu.runtime.op_table import EXPERT_ADD
 from tests.conformance.test_fixture_models import load
 from tests.conftest import FIXTURES, backend_or_skip
@@ -38,3 +42,14 @@ def test_routing_never_leaves_the_device(backend_type):
     assert table.fallbacks == []
     placed = {p.op_type: p.backend for p in table.entries.values() if p.op_type in ROUTING}
     assert placed == dict.fromkeys(ROUTING, backend_type)
+
+
+def test_expert_add_rejects_routing_that_does_not_fit_the_rows():
+    node = Node(EXPERT_ADD, "/blocks.0/mlp/custom_moe/MoE_output_0/expert0", ExpertAddParam(0, top_k=2))
+    fits = [Tensor((5, 40), np.float32), Tensor((1, 5, 2), np.float32), Tensor((1, 5, 2), np.int32)]
+    assert op_table.infer(node, fits) == [((5, 40), np.float32)]
+    for bad in ([Tensor((1, 5, 40), np.float32), *fits[1:]],                            # 3-D expert output
+                [fits[0], Tensor((1, 5, 3), np.float32), Tensor((1, 5, 3), np.int32)]):  # 3 entries per row
+        with pytest.raises(ModelFormatError, match="top_k=2") as error:
+            op_table.infer(node, bad)
+        assert error.value.field == node.name

@@ -42,5 +42,5 @@ class ExpertAddExecution(KernelExecution):
         acc = inputs[3] if len(inputs) > 3 else self.backend.placeholder
         rows = y.shape[0]
         args = [outputs[0], y, weights, selected, acc, np.int32(rows), np.int32(y.size // rows),
-                np.int32(selected.size // rows), np.int32(self.node.param.expert), np.int32(len(inputs) > 3)]
+                np.int32(self.node.param.top_k), np.int32(self.node.param.expert), np.int32(len(inputs) > 3)]
         self.prepare("routing.cl", "expert_add", args, (y.size,))

@@ -39,7 +39,7 @@ class VulkanExpertAdd(VulkanExecution):
         acc = inputs[3].device if len(inputs) > 3 else self.backend.placeholder
         out = outputs[0].device = self.backend.new_tensor(outputs[0])
         rows = y.shape[0]
-        push = pack_push("IIIiI", rows, y.size // rows, selected.size // rows, self.node.param.expert,
+        push = pack_push("IIIiI", rows, y.size // rows, self.node.param.top_k, self.node.param.expert,
                          int(len(inputs) > 3))
         self.dispatch("routing_expert_add", [y.device, weights.device, selected.device, acc, out], push,
                       element_groups(y.size))
