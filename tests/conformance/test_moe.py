@@ -9,6 +9,7 @@ import pytest
 
 from mnngpu.backend import Node, Tensor
 from mnngpu.errors import ModelFormatError
+from mnngpu.format import params as P
 from mnngpu.format import read_net
 from mnngpu.runtime import op_table
 from mnngpu.runtime.moe import ExpertAddParam, inline_experts
@@ -53,3 +54,15 @@ def test_expert_add_rejects_routing_that_does_not_fit_the_rows():
         with pytest.raises(ModelFormatError, match="top_k=2") as error:
             op_table.infer(node, bad)
         assert error.value.field == node.name
+
+
+@pytest.mark.parametrize("attrs, problem", [({"num_experts": 4}, "missing \\['top_k'\\]"),
+                                            ({"num_experts": 4, "top_k": 5}, "0 < top_k <= num_experts")])
+def test_moe_attributes_are_checked(attrs, problem):
+    net = read_net(FIXTURES / MOE / "llm.mnn")
+    position, moe = next((i, op) for i, op in enumerate(net.ops) if op.type == "MoE")
+    moe.param = P.Extra(attr=[P.Attribute(key=key, i=value) for key, value in attrs.items()])
+    with pytest.raises(ModelFormatError, match=problem) as error:
+        inline_experts(net)
+    assert error.value.path == str(FIXTURES / MOE / "llm.mnn")
+    assert error.value.field == f"oplists[{position}] ({moe.name}).main.attr"
