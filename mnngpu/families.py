@@ -22,11 +22,12 @@ SUPPORTED = {
     "phi3": "Phi-3 / Phi-3.5 / Phi-4-mini",
     "phi": "Phi-2 (partial rotary, parallel attention and MLP)",
     "hunyuan_v1_dense": "Hunyuan dense (query and key norms)",
+    # MNN's MoE op with one subgraph per expert: inlined at load, routing on the device
+    "qwen3_moe": "Qwen3 MoE (Qwen3-30B-A3B style: routed experts, no shared expert)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why
 NOT_SUPPORTED = {
-    "qwen3_moe": "MNN's MoE op (expert subgraphs), TopKV2, Softmax and Reduction are not implemented",
     "gemma3_text": "sliding-window attention (attention_type sliding or mix) is not implemented",
     # mnngpu runs such an export exactly as MNN does; it is the export that is wrong
     "glm": ("MNN's exporter maps GLM-4 with its generic decoder, which rotates the partial rotary "

@@ -64,7 +64,8 @@ def placement_rows(table) -> list[dict[str, str]]:
 
 
 def _linears(net: Net, weights: WeightFile | None) -> list[QuantizedLinear]:
-    return [read_linear(weights, op.param, op.name) for op in net.ops
+    """Every linear layer, a MoE export's experts (in its subgraphs) included."""
+    return [read_linear(weights, op.param, op.name) for graph in [net, *net.subgraphs] for op in graph.ops
             if op.type == "Convolution" and op.param_type == "Convolution2D"]
 
 
@@ -167,15 +168,17 @@ def _constant_values(op: Op) -> list[int] | None:
 # --- what runs where ------------------------------------------------------------------
 
 def op_support(net: Net) -> dict[str, Any]:
-    """Which backends run each op type of the graph (subgraphs included), by op type alone:
+    """Which backends run each op type of the graph (subgraphs included), by op type alone (an op
+    the loader rewrites, MoE, by the node type that runs it):
     from the op table, before any load. A backend lacking an op the CPU runs falls back to the
     CPU for it; `inspect --backend` shows the per-node placement of a real load."""
     counts = Counter(op.type for graph in [net, *net.subgraphs] for op in graph.ops
                      if op.type not in op_table.SOURCES)
     tables = op_table.backend_op_tables()
     known = op_table.graph_op_types()
+    runs_as = {name: (op_table.OPS[name].runs_as or name) if name in known else name for name in counts}
     ops = {name: {"count": count, "host": name in known and op_table.OPS[name].shape_only,
-                  "backends": [b for b, table in tables.items() if table is not None and name in table]}
+                  "backends": [b for b, table in tables.items() if table is not None and runs_as[name] in table]}
            for name, count in sorted(counts.items())}
     unsupported = [name for name in ops if name not in known]
     cpu = tables.get("cpu") or frozenset()
@@ -185,7 +188,7 @@ def op_support(net: Net) -> dict[str, Any]:
             backends[backend_type] = {"available": False, "cpu_fallback": [], "unsupported": unsupported}
             continue
         fallback = [name for name, op in ops.items()
-                    if name in known and not op["host"] and name not in table and name in cpu]
+                    if name in known and not op["host"] and runs_as[name] not in table and runs_as[name] in cpu]
         backends[backend_type] = {"available": True, "cpu_fallback": fallback, "unsupported": unsupported}
     return {"all_supported": not unsupported, "unsupported": unsupported, "ops": ops, "backends": backends}
 

@@ -9,6 +9,8 @@ or a wrong shape at the first forward:
 * the graph is well formed for running: every op type is one mnngpu runs, every op has the
   parameter table and the inputs its op type needs, every tensor is produced once and before
   it is read, the graph takes only the inputs `Llm` feeds and gives `logits`;
+* a MoE op's expert subgraphs are all present, each with one input and one output, made of
+  ops mnngpu runs (runtime/moe.py inlines them at load);
 * the config agrees with the graph and the weights: `hidden_size` with the `input_ids`
   input and the lm_head, the embedding's row count with the lm_head's vocab, `layer_nums`
   with the Attention ops, each Attention's `layer_index` unique and in range.
@@ -20,6 +22,7 @@ from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
+from mnngpu.runtime.moe import expert_subgraphs
 from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 
 # The graph inputs Llm feeds at every forward, and the output it reads.
@@ -56,6 +59,8 @@ def check_graph(net: Net) -> None:
             raise _error(net, f"a parameter table type from MNN's schema, got {op.param_type}", where)
         _check_param(net, op, where)
         _check_arity(net, op, where)
+        if op.type == "MoE":
+            _check_experts(net, op, where, runnable)
         for tensor in op.inputs:
             if tensor not in produced:
                 raise _error(net, f"input tensor {tensor} ({_name(net, tensor)}) to be produced by an earlier op",
@@ -65,6 +70,15 @@ def check_graph(net: Net) -> None:
                 raise _error(net, f"output tensor {tensor} ({_name(net, tensor)}) produced only once", where)
             produced.add(tensor)
     _check_interface(net)
+
+
+def _check_experts(net: Net, op: Op, where: str, runnable: set[str]) -> None:
+    """A MoE op's expert subgraphs are present, well formed and made of ops mnngpu runs."""
+    for graph in expert_subgraphs(net, op, where):
+        for position, sub_op in enumerate(graph.ops):
+            if sub_op.type not in runnable:
+                raise _error(net, f"an op type mnngpu runs, got {sub_op.type}",
+                             f"subgraphs['{graph.name}'].nodes[{position}] ({sub_op.name})")
 
 
 def _check_param(net: Net, op: Op, where: str) -> None:

@@ -125,3 +125,37 @@ def rotate_half_graph(split: int, axis: int) -> tuple[list, dict[int, np.ndarray
            GraphOp(Node("BinaryOp", "mul_sin", P.BinaryOp(opType="MUL")), [15, 2], [16]),
            GraphOp(Node("BinaryOp", "add", P.BinaryOp(opType="ADD")), [11, 16], [17])]
     return ops, {i: np.array(v, dtype=np.int32) for i, v in bounds.items()}
+
+
+# ---- the MoE router and the expert mixture ----------------------------------------------------------
+
+def softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def top_k_last_axis(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest of each last-axis row, best first, by repeated scans (ties: lower index first)."""
+    rows = x.reshape(-1, x.shape[-1])
+    values = np.zeros((len(rows), k), dtype=np.float64)
+    indices = np.zeros((len(rows), k), dtype=np.int64)
+    for r, row in enumerate(rows):
+        taken: list[int] = []
+        for pick in range(k):
+            best = max((j for j in range(len(row)) if j not in taken), key=lambda j: (row[j], -j))
+            taken.append(best)
+            values[r, pick], indices[r, pick] = row[best], best
+    shape = x.shape[:-1] + (k,)
+    return values.reshape(shape), indices.reshape(shape)
+
+
+def expert_mixture(outputs: list[np.ndarray], weights: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """Each token's row summed over its selected experts only, as MNN's MoE module runs it:
+    outputs[e] (tokens, H) is expert e's output on every token."""
+    tokens = outputs[0].shape[0]
+    weights, selected = weights.reshape(tokens, -1), selected.reshape(tokens, -1)
+    mixed = np.zeros(outputs[0].shape, dtype=np.float64)
+    for t in range(tokens):
+        for w, e in zip(weights[t], selected[t]):
+            mixed[t] += w * outputs[e][t].astype(np.float64)
+    return mixed

@@ -88,6 +88,9 @@ SPECS = [
     FixtureSpec("phi2_int8", "phi", ["--quant_bit", "8", "--quant_block", "64"]),
     FixtureSpec("hunyuan_int4", "hunyuan_v1_dense", ["--quant_bit", "4", "--quant_block", "64"],
                 hf_overrides={"head_dim": 32}),
+    FixtureSpec("qwen3_moe_int4_b64", "qwen3_moe", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 64, "norm_topk_prob": True}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -142,7 +145,8 @@ def build_lora_adapter(spec: FixtureSpec, adapter_dir: Path) -> None:
     (adapter_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
 
 
-def mnn_op_counts(model_dir: Path) -> dict[str, int]:
+def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Op counts of the main graph and of all its subgraphs (a MoE export's experts), by type."""
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "llm.json"
         subprocess.run([sys.executable, "-c", "import sys; from MNN.tools import mnnconvert; "
@@ -150,7 +154,9 @@ def mnn_op_counts(model_dir: Path) -> dict[str, int]:
                         "-f", "MNN", "--modelFile", str(model_dir / "llm.mnn"), "--JsonFile", str(dump)],
                        check=True, capture_output=True)
         graph = json.loads(dump.read_text())
-    return dict(sorted(Counter(op["type"] for op in graph["oplists"]).items()))
+    sub_ops = [op["type"] for sub in graph.get("subgraphs", []) for op in sub["nodes"]]
+    return (dict(sorted(Counter(op["type"] for op in graph["oplists"]).items())),
+            dict(sorted(Counter(sub_ops).items())))
 
 
 def record_oracle(model_dir: Path) -> dict:
@@ -195,7 +201,9 @@ def make_fixture(spec: FixtureSpec) -> Path:
     reference["export_args"] = spec.export_args
     reference["family"] = spec.family
     reference["tied"] = spec.tied
-    reference["op_counts"] = mnn_op_counts(dest)
+    reference["op_counts"], subgraph_counts = mnn_op_counts(dest)
+    if subgraph_counts:
+        reference["subgraph_op_counts"] = subgraph_counts
     (dest / "reference.json").write_text(to_readable_json(reference))
     return dest
 

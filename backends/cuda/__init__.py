@@ -33,6 +33,7 @@ from mnngpu.backends.cuda.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.cuda.storage import Storage, storage_for
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.module_pool import PREFILL_LEN
+from mnngpu.runtime.routing import ROUTING_OPS
 
 FLOAT = np.dtype(np.float32)
 EXECUTIONS = {**{op: ViewExecution for op in VIEW_OPS}, **{op: IndexCopyExecution for op in INDEX_OPS},
@@ -75,6 +76,9 @@ class CUDABackend(Backend):
             return "no attention kernel for this head layout"
         if node.type == "Convolution" and "cuda" not in node.weights:
             return "its weights were not packed for CUDA"
+        if node.type in ROUTING_OPS:
+            return ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAdd run on the CPU backup, "
+                    "one round trip through the host per MoE layer and step")
         return super().decline(node, inputs, outputs)
 
     def rearrange(self, node: Node) -> None:

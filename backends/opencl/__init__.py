@@ -34,9 +34,16 @@ from mnngpu.backends.opencl.ops.matmul import LinearExecution, pack_linear
 from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecution, ViewExecution
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution, pack_norm
 from mnngpu.backends.opencl.ops.rope import RoPEExecution
+from mnngpu.backends.opencl.ops.routing import (
+    ExpertAddExecution,
+    ReductionExecution,
+    SoftmaxExecution,
+    TopKExecution,
+)
 from mnngpu.errors import ConfigError
+from mnngpu.runtime import routing
 from mnngpu.runtime.module_pool import PREFILL_LEN
-from mnngpu.runtime.op_table import ROPE
+from mnngpu.runtime.op_table import EXPERT_ADD, ROPE
 
 FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
 DEFAULT_MAX_TOKENS = 2048
@@ -50,7 +57,9 @@ class OpenCLBackend(Backend):
                   "StridedSlice": GatherCopyExecution, "GatherV2": GatherCopyExecution, "Gather": GatherCopyExecution,
                   "Concat": ConcatExecution, "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
                   "Cast": CastExecution, "LayerNorm": LayerNormExecution, "Convolution": LinearExecution,
-                  "Attention": AttentionExecution, ROPE: RoPEExecution}
+                  "Attention": AttentionExecution, ROPE: RoPEExecution,
+                  "Softmax": SoftmaxExecution, "TopKV2": TopKExecution, "Reduction": ReductionExecution,
+                  EXPERT_ADD: ExpertAddExecution}
 
     def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
                  half_storage: bool | None = None):
@@ -104,6 +113,8 @@ class OpenCLBackend(Backend):
             return f"Cast kernels convert float32 and int32, got {names}"
         if op in ("StridedSlice", "GatherV2", "Gather") and any(t.host is None for t in inputs[1:]):
             return "indices computed on the device"
+        if op in routing.ROUTING_OPS:
+            return routing.decline(node, inputs)
         return super().decline(node, inputs, outputs)
 
     def declined(self, node: Node, inputs: list[Tensor]) -> None:

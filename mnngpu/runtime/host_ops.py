@@ -207,3 +207,59 @@ def binary_op(node, inputs):
 
 def unary_op(node, inputs):
     return unary(node, inputs[0])
+
+
+def softmax(node, inputs):
+    x = inputs[0].astype(FLOAT, copy=False)
+    axis = int(node.param.axis) if node.param is not None else -1
+    shifted = np.exp(x - x.max(axis=axis, keepdims=True))
+    return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def top_k_axis(inputs, rank: int) -> tuple[int, int]:
+    """(k, axis) of a TopKV2: k from input 1, the axis from input 2, else the last."""
+    k = int(np.asarray(inputs[1]).reshape(-1)[0])
+    axis = int(np.asarray(inputs[2]).reshape(-1)[0]) if len(inputs) > 2 else rank - 1
+    return k, axis % rank
+
+
+def top_k(node, inputs):
+    """(values, indices int32) of the k largest (smallest with largest=false) along the axis,
+    best first; equal values keep the lower index first."""
+    x = inputs[0]
+    k, axis = top_k_axis(inputs, x.ndim)
+    largest = getattr(node.param, "largest", True) if node.param is not None else True
+    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    indices = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, indices, axis=axis), indices.astype(INT)
+
+
+REDUCE = {"SUM": np.sum, "MEAN": np.mean, "MAXIMUM": np.max, "MINIMUM": np.min, "PROD": np.prod,
+          "ASUM": lambda x, axis, keepdims: np.abs(x).sum(axis=axis, keepdims=keepdims),
+          "SUMSQ": lambda x, axis, keepdims: np.square(x).sum(axis=axis, keepdims=keepdims)}
+
+
+def reduction_axes(node, inputs, rank: int) -> tuple[int, ...]:
+    """A Reduction's axes: from input 1, else the param's dim; none given means every axis."""
+    axes = np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else (node.param.dim or [])
+    return tuple(sorted({int(a) % rank for a in axes})) if len(axes) else tuple(range(rank))
+
+
+def reduction(node, inputs):
+    x = inputs[0]
+    func = REDUCE.get(node.param.operation)
+    if func is None:
+        raise ModelFormatError(f"Reduction operation {node.param.operation} is not supported", field=node.name)
+    axes = reduction_axes(node, inputs, x.ndim)
+    return np.asarray(func(x, axis=axes, keepdims=bool(node.param.keepDims))).astype(x.dtype, copy=False)
+
+
+def expert_add(node, inputs):
+    """The engine's EXPERT_ADD node (runtime/moe.py): [acc +] w * y, where w per token is the
+    routing weight the router gave expert `param.expert` (zero where it did not select it)."""
+    y, weights, selected = inputs[:3]
+    top_k = node.param.top_k
+    chosen = selected.reshape(-1, top_k) == node.param.expert
+    w = np.where(chosen, weights.reshape(-1, top_k), 0).sum(axis=1).astype(FLOAT)
+    out = y * w[:, None]
+    return out + inputs[3] if len(inputs) > 3 else out

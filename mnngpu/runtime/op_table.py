@@ -22,7 +22,8 @@ from mnngpu.errors import BackendUnavailableError, ModelFormatError
 from mnngpu.runtime import host_ops, shapes
 
 FUSED_PREFIX = "fused."
-LINEAR_GROUP, GATED_LINEAR, ROPE = (FUSED_PREFIX + name for name in ("LinearGroup", "GatedLinear", "RoPE"))
+LINEAR_GROUP, GATED_LINEAR, ROPE, EXPERT_ADD = (FUSED_PREFIX + name for name in
+                                               ("LinearGroup", "GatedLinear", "RoPE", "ExpertAdd"))
 
 ShapeRule = Callable[[Node, list[Tensor]], list[tuple[tuple[int, ...], np.dtype]]]
 HostRule = Callable[[Node, list[np.ndarray]], np.ndarray]
@@ -36,11 +37,13 @@ ALWAYS, WITHOUT_SECOND_INPUT = "always", "without a second input"
 class OpType:
     shape: ShapeRule
     host: HostRule | None = None   # numpy semantics: folded at resize when every input is known on the host
+                                   # (a tuple of arrays for an op with several outputs)
     shape_only: bool = False       # reads only its input's shape: always folded
     param: str | None = None       # the OpParameter table MNN pairs with this op type
     param_required: str | None = None
     min_inputs: int = 1
     fuses: str = ""                # an engine-made node: the exported pattern it replaces
+    runs_as: str = ""              # an op the loader rewrites into other nodes: the node type that runs it
 
 
 OPS: dict[str, OpType] = {
@@ -63,9 +66,16 @@ OPS: dict[str, OpType] = {
     "Convolution": OpType(shapes.convolution, param="Convolution2D", param_required=ALWAYS),
     "LayerNorm": OpType(shapes.same, param="LayerNorm", param_required=ALWAYS),
     "Attention": OpType(shapes.attention, param="AttentionParam", param_required=ALWAYS, min_inputs=3),
+    "Softmax": OpType(shapes.same, host_ops.softmax, param="Axis"),
+    "TopKV2": OpType(shapes.top_k, host_ops.top_k, param="TopKV2", min_inputs=2),
+    "Reduction": OpType(shapes.reduction, host_ops.reduction, param="ReductionParam", param_required=ALWAYS),
+    # inlined at load (runtime/moe.py): its expert subgraphs' ops and an EXPERT_ADD chain run it
+    "MoE": OpType(shapes.same, param="Extra", param_required=ALWAYS, min_inputs=3, runs_as=EXPERT_ADD),
     LINEAR_GROUP: OpType(shapes.linear_group, fuses="Convolutions reading the same input (q, k, v)"),
     GATED_LINEAR: OpType(shapes.gated_linear, fuses="MUL_SILU(up(x), gate(x)) of two Convolutions"),
     ROPE: OpType(shapes.same, fuses="x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half)"),
+    EXPERT_ADD: OpType(shapes.expert_add, host_ops.expert_add, min_inputs=3,
+                       fuses="MNN's MoE op: acc + (routing weight of expert e) * expert_e(x)"),
 }
 
 # The graph's sources: no op runs for them (the Session binds inputs, constants are host values).
@@ -101,7 +111,8 @@ def evaluate(node: Node, values: list[np.ndarray]) -> list[np.ndarray]:
     op = OPS.get(node.type)
     if op is None or op.host is None:
         raise ModelFormatError(f"op type {node.type} cannot be evaluated on the host", field=node.name)
-    return [op.host(node, values)]
+    result = op.host(node, values)
+    return list(result) if isinstance(result, tuple) else [result]
 
 
 def graph_op_types() -> frozenset[str]:

@@ -1,7 +1,8 @@
 """PipelineModule: the graph's interface (inputs, outputs, constants) over its StaticModules.
 
-MNN splits a graph into sub-modules at control flow; the LLM graphs exported today have
-none, so there is one StaticModule. Constants are read here, including those whose data
+MNN splits a graph into sub-modules at control flow and at MoE ops (a MoEModule over the
+expert subgraphs); here the experts are inlined instead (runtime/moe.py), so there is one
+StaticModule. Constants are read here, including those whose data
 sits in the external weight file.
 """
 
@@ -12,6 +13,7 @@ import numpy as np
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
 from mnngpu.format.weights import WeightFile
+from mnngpu.runtime.moe import inline_experts
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.static_module import StaticModule
 
@@ -19,6 +21,7 @@ from mnngpu.runtime.static_module import StaticModule
 class PipelineModule:
     def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager, rearrange: bool = True,
                  base: StaticModule | None = None):
+        net = inline_experts(net)
         self.input_names = [op.name for op in net.ops if op.type == "Input"]
         self.output_names = list(net.output_names)
         unknown = [n for n in self.output_names if n not in net.tensor_names]

@@ -113,3 +113,33 @@ def linear_group(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype
 def gated_linear(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     """up * silu(gate): the members' common output."""
     return linear_group(node, inputs)[:1]
+
+
+def top_k(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """TopKV2: values and int32 indices, the axis cut to k."""
+    x = inputs[0]
+    k, axis = host_ops.top_k_axis([None, *_host_values(node, inputs, 1)], len(x.shape))
+    if not 0 < k <= x.shape[axis]:
+        raise ModelFormatError(f"TopKV2 k must be in [1, {x.shape[axis]}], got {k}", field=node.name)
+    shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+    return [(shape, x.dtype), (shape, INT)]
+
+
+def reduction(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    x = inputs[0]
+    axes = host_ops.reduction_axes(node, [None, *_host_values(node, inputs, 1)], len(x.shape))
+    keep = bool(node.param.keepDims)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
+    return [(shape, x.dtype)]
+
+
+def expert_add(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """EXPERT_ADD (runtime/moe.py): the expert output's (rows, H), once the routing holds top_k
+    weights and ids for each of those rows."""
+    y, weights, selected = inputs[:3]
+    want = (y.shape[0] if len(y.shape) == 2 else -1) * node.param.top_k
+    if weights.size != want or selected.size != want or (len(inputs) > 3 and inputs[3].shape != y.shape):
+        raise ModelFormatError(f"a MoE expert output of shape (rows, hidden) and top_k={node.param.top_k} routing "
+                               f"entries per row, got output {y.shape}, weights {weights.shape} and expert ids "
+                               f"{selected.shape}", field=node.name)
+    return [(y.shape, y.dtype)]

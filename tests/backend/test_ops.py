@@ -310,3 +310,58 @@ def test_fused_rope(backend, split, cos_shape):
     got = run(backend, fused.node, arrays, host=tuple(range(3, len(arrays))), declined_by=("cuda",))
     rotated = np.concatenate([-x[..., split:], x[..., :split]], axis=-1)
     close(backend, got, x.astype(np.float64) * cos + rotated * sin)
+
+
+# ---- the MoE router and ExpertAdd -------------------------------------------------------------------------
+
+ROUTING_DECLINED_BY = ("cuda",)   # no routing kernels on CUDA: it declines them (backends/cuda)
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 7, 4), -1), ((3, 128), 1), ((2, 5, 3), 1)])
+def test_softmax(backend, shape, axis):
+    x = stored(backend, np.random.default_rng(21).normal(0, 3, shape))
+    got = run(backend, Node("Softmax", "s", P.Axis(axis=axis)), [x], declined_by=ROUTING_DECLINED_BY)
+    close(backend, got, reference.softmax(x, axis))
+
+
+@pytest.mark.parametrize("shape, k", [((1, 9, 4), 2), ((2, 128), 8), ((3, 5), 5)])
+def test_top_k_picks_largest_first(backend, shape, k):
+    rng = np.random.default_rng(22)
+    x = stored(backend, rng.permutation(np.prod(shape)).reshape(shape) / 7.0 - 3)
+    x.reshape(-1, shape[-1])[0, :3] = x.reshape(-1, shape[-1])[0].max()   # a three-way tie for first
+    arrays = [x, np.array(k, dtype=np.int32)]
+    node = Node("TopKV2", "t", P.TopKV2(sorted=True, largest=True))
+    one = OneOp(backend, node, arrays, host=(1,), declined_by=ROUTING_DECLINED_BY)
+    values, indices = one(*arrays)
+    want_values, want_indices = reference.top_k_last_axis(x, k)
+    assert indices.dtype == np.int32 and np.array_equal(indices, want_indices)
+    assert np.array_equal(values, want_values)
+
+
+@pytest.mark.parametrize("op, numpy_op", [("SUM", np.sum), ("MEAN", np.mean), ("MAXIMUM", np.max),
+                                          ("MINIMUM", np.min), ("PROD", np.prod)])
+@pytest.mark.parametrize("axes, keep", [([-1], True), ([1], False), ([1, 2], True)])
+def test_reduction(backend, op, numpy_op, axes, keep):
+    x = stored(backend, np.random.default_rng(23).uniform(0.5, 1.5, (2, 3, 4)))
+    node = Node("Reduction", "r", P.ReductionParam(operation=op, keepDims=keep))
+    got = run(backend, node, [x, np.array(axes, dtype=np.int32)], host=(1,), declined_by=ROUTING_DECLINED_BY)
+    close(backend, got, numpy_op(x.astype(np.float64), axis=tuple(axes), keepdims=keep))
+
+
+def test_expert_add_chain_is_the_sparse_mixture(backend):
+    """MoE inlined: one ExpertAdd per expert, over every expert's output, equals each token's sum
+    over only its selected experts."""
+    from mnngpu.runtime.moe import ExpertAddParam
+    from mnngpu.runtime.op_table import EXPERT_ADD
+
+    rng = np.random.default_rng(24)
+    tokens, width, experts, k = 5, 40, 4, 2
+    outputs = [stored(backend, rng.normal(0, 1, (tokens, width))) for _ in range(experts)]
+    selected = np.array([rng.permutation(experts)[:k] for _ in range(tokens)], dtype=np.int32).reshape(1, tokens, k)
+    weights = stored(backend, rng.uniform(0.1, 1, (1, tokens, k)))
+    acc = None
+    for expert, y in enumerate(outputs):
+        node = Node(EXPERT_ADD, f"e{expert}", ExpertAddParam(expert, k))
+        arrays = [y, weights, selected] + ([] if acc is None else [acc])
+        acc = run(backend, node, arrays, declined_by=ROUTING_DECLINED_BY)
+    close(backend, acc, reference.expert_mixture(outputs, weights, selected), 1e-5)

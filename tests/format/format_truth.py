@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import re
 import struct
 import subprocess
 import sys
@@ -61,6 +62,10 @@ def hf_tensors(name: str) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     for path in sorted((fixture_dir(name) / "hf").glob("*.safetensors")):
         tensors.update(load_safetensors(path))
+    for gate in [key for key in tensors if key.endswith(".gate_proj.weight") and ".experts." in key]:
+        # the exporter writes an expert's gate and up projections as one gate_up linear, gate rows first
+        up = tensors[gate.replace(".gate_proj.", ".up_proj.")]
+        tensors[gate.replace(".gate_proj.", ".gate_up_proj.")] = np.concatenate([tensors[gate], up])
     return tensors
 
 
@@ -68,8 +73,18 @@ def hf_linear_name(op_name: str, tensors: dict) -> str:
     """'/layers.0/self_attn/q_proj/Linear' -> 'model.layers.0.self_attn.q_proj.weight'."""
     if "lm_head" in op_name:
         return "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+    expert = re.fullmatch(r"/expert/(\d+)_(\d+)/(\w+)_linear", op_name)
+    if expert:   # '/expert/0_3/down_proj_linear' -> 'model.layers.0.mlp.experts.3.down_proj.weight'
+        layer, index, proj = expert.groups()
+        return f"model.layers.{layer}.mlp.experts.{index}.{proj}.weight"
     parts = [p for p in op_name.split("/") if p and p != "Linear"]
     return "model." + ".".join(parts) + ".weight"
+
+
+def linears_per_layer(hf: dict) -> int:
+    """q, k, v, o, then gate, up, down; or for a MoE layer its router and each expert's gate_up and down."""
+    experts = hf.get("num_local_experts", 0)
+    return 4 + (1 + 2 * experts if experts else 3)
 
 
 def hf_norm_name(op_name: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
+from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, linears_per_layer, needs_fixtures, reference
 
 from mnngpu.inspect import format_inspect_table, inspect_model
 
@@ -23,7 +23,8 @@ def test_inspect_reports_the_source_model(name):
     json.dumps(info)  # plain data, ready for --json
 
     assert info["ops"] == ref["op_counts"] and info["n_ops"] == sum(ref["op_counts"].values())
-    assert info["n_subgraphs"] == 0
+    # a MoE export holds one subgraph per expert of each layer
+    assert info["n_subgraphs"] == hf.get("num_local_experts", 0) * hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
     assert info["model"] == {
         "type": hf["model_type"], "hidden_size": hf["hidden_size"], "layers": hf["num_hidden_layers"],
@@ -40,10 +41,10 @@ def test_inspect_reports_the_source_model(name):
     if bits > 8:  # float weights: no blocks, no zero points
         want = {"bits": bits, "mixed": False}
     summary = info["quant"]["summary"]
-    assert {k: summary[k] for k in want} == want and summary["count"] == 7 * hf["num_hidden_layers"]
+    assert {k: summary[k] for k in want} == want and summary["count"] == linears_per_layer(hf) * hf["num_hidden_layers"]
     lm_head = info["quant"]["lm_head"]
     assert lm_head["bits"] == export_arg(args, "--lm_quant_bit", bits)
-    assert len(info["quant"]["layers"]) == 7 * hf["num_hidden_layers"] + 1
+    assert len(info["quant"]["layers"]) == linears_per_layer(hf) * hf["num_hidden_layers"] + 1
 
     assert info["files"] == {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
     assert info["weight_bytes"] == (folder / "llm.mnn.weight").stat().st_size

@@ -19,6 +19,7 @@ from format_truth import (
     hf_linear_name,
     hf_norm_name,
     hf_tensors,
+    linears_per_layer,
     needs_fixtures,
 )
 
@@ -89,8 +90,9 @@ def test_every_linear_layer_within_half_a_step_of_hf(name):
     raw = (folder / "llm.mnn.weight").read_bytes()
     weights = WeightFile(folder / "llm.mnn.weight")
     bf16_source = bf16_checkpoint(name)
-    convs = [op for op in net.ops if op.type == "Convolution"]
-    assert len(convs) == 7 * len([op for op in net.ops if op.type == "Attention"]) + 1
+    convs = [op for graph in [net, *net.subgraphs] for op in graph.ops if op.type == "Convolution"]
+    per_layer = linears_per_layer(hf_config(name))
+    assert len(convs) == per_layer * len([op for op in net.ops if op.type == "Attention"]) + 1
     for op in convs:
         conv, lin = op.param, read_linear(weights, op.param, op.name)
         truth = tensors[hf_linear_name(op.name, tensors)]

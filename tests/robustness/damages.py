@@ -25,6 +25,7 @@ from folders import (
     TOKENIZERS,
     field_position,
     first_op_of_type,
+    subgraph_tables,
     vector_at,
 )
 
@@ -138,6 +139,23 @@ def _nan_row(row: int, hidden: int = 128) -> Callable[[bytearray, Path], None]:
     def edit(data: bytearray, folder: Path) -> None:
         data[row * hidden * 2: (row + 1) * hidden * 2] = b"\xc0\x7f" * hidden  # bf16 NaN
     return edit
+
+
+def _rename_subgraph(old: str, new: str) -> Callable[[bytearray, Path], None]:
+    """Rename a subgraph: its name is the one string in the file that is exactly `old`."""
+    def edit(data: bytearray, folder: Path) -> None:
+        assert len(old) == len(new)
+        stored = struct.pack("<I", len(old)) + old.encode() + b"\0"
+        at = data.find(stored)
+        assert at >= 0 and data.find(stored, at + 1) < 0, f"no single string {old}"
+        data[at + 4: at + 4 + len(old)] = new.encode()
+    return edit
+
+
+def _first_subgraph_input(data: bytearray, folder: Path) -> None:
+    """Point the first subgraph's input (SubGraphProto field 1) at a tensor an op inside produces."""
+    inputs, _ = vector_at(data, field_position(data, subgraph_tables(data)[0], 1))
+    struct.pack_into("<i", data, inputs, 5)
 
 
 def _tie(**changes) -> Callable[[Path], None]:
@@ -266,6 +284,11 @@ def specific_damages() -> list[tuple[str, Damage]]:
         ("llama_tied_int4", Damage("tied rows bit width unknown", _tie(quant_bit=9), ConfigError, "load", None)),
         ("qwen2_int4_b64", Damage("graph of another architecture", swap_in("llm.mnn", "qwen3_int4_b64"),
                                   (WeightFileError, ModelFormatError), "load", None)),
+        ("qwen3_moe_int4_b64", Damage("MoE expert subgraph missing",
+                                      patch("llm.mnn", _rename_subgraph("/expert/1_3", "/expert/1_9")),
+                                      ModelFormatError, "load", "llm.mnn")),
+        ("qwen3_moe_int4_b64", Damage("MoE expert subgraph input damaged", patch("llm.mnn", _first_subgraph_input),
+                                      ModelFormatError, "load", "llm.mnn")),
         ("qwen2_int4_b64", Damage("weights of another quantization", swap_in("llm.mnn.weight", "qwen2_int8_b0"),
                                   (WeightFileError, ModelFormatError), "load", None)),
     ]

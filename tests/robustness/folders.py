@@ -169,10 +169,19 @@ def vector_at(data: bytes, field: int) -> tuple[int, int]:
     return start + 4, _u32(data, start)
 
 
+def _root_tables(data: bytes, field: int) -> list[int]:
+    first, count = vector_at(data, field_position(data, _u32(data, 0), field))
+    return [first + 4 * i + _u32(data, first + 4 * i) for i in range(count)]
+
+
 def op_tables(data: bytes) -> list[int]:
     """Positions of the Net's op tables (Net field 3 is oplists), in graph order."""
-    first, count = vector_at(data, field_position(data, _u32(data, 0), 3))
-    return [first + 4 * i + _u32(data, first + 4 * i) for i in range(count)]
+    return _root_tables(data, 3)
+
+
+def subgraph_tables(data: bytes) -> list[int]:
+    """Positions of the Net's SubGraphProto tables (Net field 10 is subgraphs)."""
+    return _root_tables(data, 10)
 
 
 OP_INPUTS, OP_MAIN_TYPE, OP_OUTPUTS, OP_TYPE = 0, 1, 4, 5  # Op field indices in MNN.fbs

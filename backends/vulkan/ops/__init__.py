@@ -8,7 +8,8 @@ from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
-from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, ROPE
+from mnngpu.backends.vulkan.ops.routing import VulkanExpertAdd, VulkanRouting
+from mnngpu.runtime.op_table import EXPERT_ADD, GATED_LINEAR, LINEAR_GROUP, ROPE
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,
@@ -24,5 +25,9 @@ EXECUTIONS = {
     "GatherV2": VulkanGather,
     "Gather": VulkanGather,
     "Concat": VulkanConcat,
+    "Softmax": VulkanRouting,
+    "TopKV2": VulkanRouting,
+    "Reduction": VulkanRouting,
+    EXPERT_ADD: VulkanExpertAdd,
     **{op: VulkanView for op in ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")},
 }
