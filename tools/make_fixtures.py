@@ -53,7 +53,7 @@ PROMPTS = [
 @dataclass
 class FixtureSpec:
     name: str
-    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2
+    family: str                      # qwen2 | qwen3 | llama | mistral | gemma2 | gemma3_text
     export_args: list[str]
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
@@ -80,6 +80,13 @@ SPECS = [
                 hf_overrides={"sliding_window": 64}),
     FixtureSpec("gemma2_tied_int4", "gemma2", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
                 hf_overrides={"head_dim": 32, "sliding_window": 64}),
+    # every gemma3 layer slides (attention_type sliding); a window of 8 cuts every test prompt
+    FixtureSpec("gemma3_sliding_int4", "gemma3_text", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "sliding_window": 8}),
+    # one sliding and one full layer (attention_type mix, the full layer last as in gemma3's pattern)
+    FixtureSpec("gemma3_mix_int4", "gemma3_text", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "sliding_window": 8,
+                              "layer_types": ["sliding_attention", "full_attention"]}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -102,6 +109,7 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[spec.family]
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     config = config_class(vocab_size=vocab_size, tie_word_embeddings=spec.tied, eos_token_id=eos,
