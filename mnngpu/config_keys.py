@@ -129,8 +129,10 @@ KEYS: dict[str, Key] = {
     "tie_embeddings": _done("embedding rows quantized or shared with the lm_head"),
     "attention_mask": _rejected("the glm and glm2 masks and positions are not implemented",
                                 _equals("float", "int"), '"float" or "int" (causal)'),
-    "attention_type": _rejected("sliding-window attention is not implemented", _equals("full"), '"full"'),
-    "sliding_window": _inert("used only with attention_type sliding or mix, which are rejected"),
+    "attention_type": _done("full; mix: the layers the export marks sliding see only the last sliding_window keys "
+                            "(cpu, opencl, vulkan; cuda: a ConfigError); sliding: causal without a window, as "
+                            "MNN's runtime masks it (one warning line)"),
+    "sliding_window": _done("the key window of a mix export's sliding layers; with sliding, not applied (as MNN)"),
     "is_mrope": _rejected("multi-axis rotary positions are not implemented", _equals(False), "false"),
     "mrope_axes": _inert("used only with is_mrope, which is rejected"),
     "attn_scale": _done("the attention scale where the Attention op records none"),

@@ -24,11 +24,13 @@ SUPPORTED = {
     "hunyuan_v1_dense": "Hunyuan dense (query and key norms)",
     # MNN's MoE op with one subgraph per expert: inlined at load, routing on the device
     "qwen3_moe": "Qwen3 MoE (Qwen3-30B-A3B style: routed experts, no shared expert)",
+    # the exporter writes mix when the layers mix sliding and full attention, sliding when every
+    # layer slides (MNN's runtime then applies no window, and neither does mnngpu)
+    "gemma3_text": "Gemma 3 text (sliding-window attention: attention_type mix or sliding)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why
 NOT_SUPPORTED = {
-    "gemma3_text": "sliding-window attention (attention_type sliding or mix) is not implemented",
     # mnngpu runs such an export exactly as MNN does; it is the export that is wrong
     "glm": ("MNN's exporter maps GLM-4 with its generic decoder, which rotates the partial rotary "
             "half-split instead of interleaved: the export is 2-4 logit std away from the source model"),

@@ -24,6 +24,7 @@ from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation.factory import create_strategy
 from mnngpu.generation.steps import DecodeSteps
+from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
@@ -34,12 +35,16 @@ from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
 from mnngpu.validate import validate_model
 
+CAUSAL_MASK = mask_feed("full", 0)
 
-def graph_feeds(embeds: np.ndarray, first_position: int, all_logits: bool) -> dict[str, np.ndarray]:
-    """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`."""
+
+def graph_feeds(embeds: np.ndarray, first_position: int, all_logits: bool,
+                mask: np.ndarray = CAUSAL_MASK) -> dict[str, np.ndarray]:
+    """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`;
+    `mask` is the model's attention_mask feed (runtime.attention_mask.mask_feed)."""
     rows = embeds.shape[0]
     positions = (first_position + np.arange(rows, dtype=np.int32)).reshape(1, rows)
-    return {"input_ids": embeds, "attention_mask": np.zeros((1, 1, 1, 1), dtype=np.float32),
+    return {"input_ids": embeds, "attention_mask": mask,
             "position_ids": positions, "logits_index": np.array([0 if all_logits else -1], dtype=np.int32)}
 
 
@@ -74,6 +79,17 @@ def _check_lora_shares_the_base(net, base, lora_path) -> None:
     if missing:
         raise ModelFormatError(f"not a LoRA graph of this model: its op {missing[0]} (and {len(missing) - 1} more) "
                                "does not read the base model's weights where the base's does", path=lora_path)
+
+
+def _attention_mask(cfg: LlmConfig) -> np.ndarray:
+    """The attention_mask feed for this model; says out loud where the window is not applied."""
+    if cfg.attention_type == "mix" and cfg.sliding_window < 1:
+        raise ConfigError("attention_type mix needs a sliding_window of at least 1 (MNN's sliding mask "
+                          "would hide every key)", path=cfg.origin("sliding_window"), field="sliding_window")
+    note = sliding_unwindowed_note(cfg.attention_type, cfg.sliding_window)
+    if note:
+        warnings.warn(f"{cfg.origin('attention_type')}: {note}", ConfigWarning, stacklevel=3)
+    return mask_feed(cfg.attention_type, cfg.sliding_window)
 
 
 def _warn_load_time_keys(overrides: dict) -> None:
@@ -144,6 +160,7 @@ class Llm:
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
         report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
+        self.attention_mask = _attention_mask(cfg)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         self.strategy = create_strategy(cfg, net.output_names)
@@ -255,7 +272,7 @@ class Llm:
         module = self.pool.verify() if verify else self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self.embedding.rows(ids)
-        feeds = graph_feeds(embeds, meta.kept, all_logits)
+        feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask)
         meta.add = seq
         (logits,) = module.forward(feeds, ["logits"])
         meta.sync()
@@ -267,7 +284,7 @@ class Llm:
         self._require_loaded()
         for (rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
-            module.session.place(graph_feeds(embeds, 0, all_logits))
+            module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask))
         return self.runtime.placements
 
     def _rows_per_run(self, count: int) -> int:

@@ -29,18 +29,21 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: f
     return (y if beta is None else y + beta).astype(np.float32)
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, scale: float) -> np.ndarray:
-    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D], one head at a time."""
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, scale: float,
+                     window: int = 0) -> np.ndarray:
+    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D], one head at a time. Query i sits at
+    position past + i; with a window it sees only keys j with j > past + i - window (MNN's sliding mask)."""
     seq, heads, _ = q.shape
     kv_heads = k.shape[1]
     out = np.zeros(q.shape, dtype=np.float64)
     for h in range(heads):
         g = h // (heads // kv_heads)
         for i in range(seq):
-            visible = past + i + 1
-            scores = k[:visible, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            position = past + i
+            seen = [j for j in range(position + 1) if not window or j > position - window]
+            scores = k[seen, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale
             p = np.exp(scores - scores.max())
-            out[i, h] = (p / p.sum()) @ v[:visible, g]
+            out[i, h] = (p / p.sum()) @ v[seen, g]
     return out.astype(np.float32)
 
 

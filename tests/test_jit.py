@@ -128,8 +128,8 @@ def test_silu_twins(kernel, shape):
     reference.assert_close(twin, reference.silu_mul(up, gate), 1e-6)
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_attend_one_twin(int8):
+@pytest.mark.parametrize("int8, window", [(False, 0), (True, 0), (False, 4), (True, 5)])
+def test_attend_one_twin(int8, window):
     rng = np.random.default_rng(RNG_SEED)
     heads, kv_heads, dim, capacity, total = 4, 2, 16, 32, 11
     q = rng.normal(size=(heads, dim)).astype(np.float32)
@@ -141,24 +141,29 @@ def test_attend_one_twin(int8):
     scale = np.float32(dim ** -0.5)
 
     def args():
-        return (q, keys, scales[0], values, scales[1], total, scale, np.empty((heads, total), np.float32),
+        first = max(0, total - window) if window else 0
+        return (q, keys, scales[0], values, scales[1], first, total, scale, np.empty((heads, total), np.float32),
                 np.empty((heads, dim), np.float32))
 
-    (compiled, twin), = _both(attention.attend_one, args, (8,))
+    (compiled, twin), = _both(attention.attend_one, args, (9,))
     # the reference's layout: (seq, heads, dim), one query after total - 1 cached keys
     k = (keys[:, :total] * scales[0][:, :total, None]).transpose(1, 0, 2)
     v = (values[:, :total] * scales[1][:, :total, None]).transpose(1, 0, 2)
-    want = reference.causal_attention(q[None], k, v, total - 1, float(scale))[0]
+    want = reference.causal_attention(q[None], k, v, total - 1, float(scale), window)[0]
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)
 
 
-def test_causal_softmax_twin():
+@pytest.mark.parametrize("window", [0, 3])
+def test_causal_softmax_twin(window):
     rng = np.random.default_rng(RNG_SEED)
     scores = rng.normal(0, 3, size=(6, 9)).astype(np.float32)
-    (compiled, twin), = _both(attention.causal_softmax, lambda: (scores.copy(), 2, 4), (0,))
+    (compiled, twin), = _both(attention.causal_softmax, lambda: (scores.copy(), 2, 4, window), (0,))
     visible = 4 + np.arange(6) // 2
-    want = np.where(np.arange(9) < visible[:, None], np.exp(scores.astype(np.float64)), 0.0)
+    seen = np.arange(9) < visible[:, None]
+    if window:   # rows see 3, 3, 3, 3, 3, 3 keys: the window cuts every row
+        seen &= np.arange(9) >= visible[:, None] - window
+    want = np.where(seen, np.exp(scores.astype(np.float64)), 0.0)
     want /= want.sum(axis=1, keepdims=True)
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-6)

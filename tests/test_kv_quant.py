@@ -35,8 +35,8 @@ def int8_round_trip(x: np.ndarray) -> np.ndarray:
     return (codes * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("kv_quant", [1, 2])
-def test_attention_over_an_int8_cache_is_attention_over_the_rounded_keys(kv_quant):
+@pytest.mark.parametrize("kv_quant, window", [(1, 0), (2, 0), (2, 4)])
+def test_attention_over_an_int8_cache_is_attention_over_the_rounded_keys(kv_quant, window):
     rng = np.random.default_rng(4)
     heads, kv_heads, dim = 4, 2, 16
     backend = CPUBackend(BackendConfig(precision="high", thread_num=2, kv_quant=kv_quant), KVMeta())
@@ -48,13 +48,15 @@ def test_attention_over_an_int8_cache_is_attention_over_the_rounded_keys(kv_quan
         k = rng.normal(0, 1, (1, seq, kv_heads, dim)).astype(np.float32)
         v = rng.normal(0, 1, (seq, kv_heads * dim, 1, 1)).astype(np.float32)
         meta.add = seq
-        got = run(backend, node, [q, k, v, np.zeros((1, 1, 1, 1), np.float32)]).reshape(seq, heads, dim)
+        mask = np.full((1, 1, 1, 1), window, np.float32)   # a sliding layer's key window (0: none)
+        got = run(backend, node, [q, k, v, mask], host=(3,)).reshape(seq, heads, dim)
         past = meta.previous
         meta.sync()
         keys.append(int8_round_trip(k[0]))
         v = v.reshape(seq, kv_heads, dim)
         values.append(int8_round_trip(v) if kv_quant == 2 else v)
-        want = reference.causal_attention(q[0], np.concatenate(keys), np.concatenate(values), past, 1 / np.sqrt(dim))
+        want = reference.causal_attention(q[0], np.concatenate(keys), np.concatenate(values), past, 1 / np.sqrt(dim),
+                                          window)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     cache = backend.kv_caches[0]
     assert cache.k.dtype == np.int8 and cache.v.dtype == (np.int8 if kv_quant == 2 else np.float32)
@@ -92,9 +94,11 @@ def test_int8_kv_stays_within_mnns_own_int8_error_and_saves_memory(tmp_path, mod
     assert cache.nbytes < kv_heads * capacity * dim * 4 * 2     # float32 keys and values
 
 
-def check_padded_prefill_then_decode(backend, kv_quant: int, rtol: float, half_values: bool = False) -> None:
+def check_padded_prefill_then_decode(backend, kv_quant: int, rtol: float, half_values: bool = False,
+                                     window: int = 0) -> None:
     """A padded prefill (8 rows, 5 real) then decode steps through one Attention op on a device
-    backend with an int8 KV cache, against numpy attention over the same int8 rounding."""
+    backend with an int8 KV cache, against numpy attention over the same int8 rounding; with a
+    key window (a sliding layer's), one that cuts every row past the third."""
     from tests.backend.harness import OneOp
 
     backend.config.kv_quant = kv_quant
@@ -105,13 +109,14 @@ def check_padded_prefill_then_decode(backend, kv_quant: int, rtol: float, half_v
     def inputs(q, k, v):
         seq = len(q)
         return [q.reshape(1, seq, heads, dim), k.reshape(1, seq, kv_heads, dim), v.reshape(seq, kv_heads * dim, 1, 1),
-                np.zeros((1, 1, 1, 1), np.float32)]
+                np.full((1, 1, 1, 1), window, np.float32)]
 
     total = real + 2
     q, k, v = (rng.standard_normal((total, h, dim)).astype(np.float32) for h in (heads, kv_heads, kv_heads))
     pad = np.full((padded - real, 1, 1), 9.0, np.float32)
     prefill_in = inputs(*(np.concatenate([a[:real], pad * np.ones_like(a[:1])]) for a in (q, k, v)))
-    prefill, decode = OneOp(backend, node, prefill_in), OneOp(backend, node, inputs(q[:1], k[:1], v[:1]))
+    prefill = OneOp(backend, node, prefill_in, host=(3,))
+    decode = OneOp(backend, node, inputs(q[:1], k[:1], v[:1]), host=(3,))
     keys = int8_round_trip(k)
     values = int8_round_trip(v) if kv_quant == 2 else v
     if half_values and kv_quant == 1:
@@ -120,19 +125,20 @@ def check_padded_prefill_then_decode(backend, kv_quant: int, rtol: float, half_v
     meta.add = real
     got = prefill(*prefill_in)[0].reshape(padded, heads, dim)[:real]
     meta.sync()
-    want = reference.causal_attention(q[:real], keys[:real], values[:real], 0, 1 / np.sqrt(dim))
+    want = reference.causal_attention(q[:real], keys[:real], values[:real], 0, 1 / np.sqrt(dim), window)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
     for t in range(real, total):
         meta.add = 1
         got = decode(*inputs(q[t:t + 1], k[t:t + 1], v[t:t + 1]))[0].reshape(1, heads, dim)
         meta.sync()
-        want = reference.causal_attention(q[t:t + 1], keys[:t + 1], values[:t + 1], t, 1 / np.sqrt(dim))
+        want = reference.causal_attention(q[t:t + 1], keys[:t + 1], values[:t + 1], t, 1 / np.sqrt(dim), window)
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
 
 
-@pytest.mark.parametrize("variant, precision, kv_quant", [("cpu", "high", 2), ("gpu", "high", 1), ("cpu", "low", 1),
-                                                        ("gpu", "low", 2)])
-def test_vulkan_attention_over_an_int8_cache(variant, precision, kv_quant):
+@pytest.mark.parametrize("variant, precision, kv_quant, window", [
+    ("cpu", "high", 2, 0), ("gpu", "high", 1, 0), ("cpu", "low", 1, 0), ("gpu", "low", 2, 0), ("cpu", "high", 2, 3),
+    ("gpu", "high", 1, 3)])
+def test_vulkan_attention_over_an_int8_cache(variant, precision, kv_quant, window):
     """Both Vulkan kernel families (lavapipe); values kept as stored, fp16 at precision low, in mode 1."""
     from tests.backend.test_vulkan_ops import make_backend
     from tests.conftest import backend_or_skip
@@ -142,7 +148,7 @@ def test_vulkan_attention_over_an_int8_cache(variant, precision, kv_quant):
 
     backend = make_backend(VulkanBackend, precision, variant=variant)
     check_padded_prefill_then_decode(backend, kv_quant, 1e-4 if precision == "high" else 3e-3,
-                                     half_values=precision == "low")
+                                     half_values=precision == "low", window=window)
 
 
 def test_vulkan_int8_kv_gives_the_cpu_int8_kv_logits():
@@ -167,9 +173,9 @@ def test_a_backend_without_kv_quantization_is_a_config_error_naming_it():
 
 
 @pytest.mark.parametrize("variant", ["cpu", "gpu"])
-@pytest.mark.parametrize("kv_quant", [1, 2])
-def test_opencl_attention_over_an_int8_cache(variant, kv_quant):
+@pytest.mark.parametrize("kv_quant, window", [(1, 0), (2, 0), (1, 3)])
+def test_opencl_attention_over_an_int8_cache(variant, kv_quant, window):
     """Both OpenCL kernel families (PoCL)."""
     from tests.backend.test_opencl_ops import make_backend
 
-    check_padded_prefill_then_decode(make_backend(variant), kv_quant, 1e-4)
+    check_padded_prefill_then_decode(make_backend(variant), kv_quant, 1e-4, window=window)

@@ -91,6 +91,13 @@ SPECS = [
     FixtureSpec("qwen3_moe_int4_b64", "qwen3_moe", ["--quant_bit", "4", "--quant_block", "64"],
                 hf_overrides={"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
                               "moe_intermediate_size": 64, "norm_topk_prob": True}),
+    # every gemma3 layer slides (attention_type sliding); a window of 8 cuts every test prompt
+    FixtureSpec("gemma3_sliding_int4", "gemma3_text", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "sliding_window": 8}),
+    # one sliding and one full layer (attention_type mix, the full layer last as in gemma3's pattern)
+    FixtureSpec("gemma3_mix_int4", "gemma3_text", ["--quant_bit", "4", "--quant_block", "64"],
+                hf_overrides={"head_dim": 32, "sliding_window": 8,
+                              "layer_types": ["sliding_attention", "full_attention"]}),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,

@@ -3,8 +3,9 @@
 The launches are prepared once per module and read the number of cached tokens from a
 one-int device buffer (CUDABackend.set_kv_length) that is written before each step, so the
 same launches, or the CUDA graph holding them, serve every step. Inputs: q (1, seq, heads,
-head_dim), k (1, seq, kv_heads, head_dim), v (the same values seq-major, any shape), mask (not
-read: the kernel masks causally, like MNN's).
+head_dim), k (1, seq, kv_heads, head_dim), v (the same values seq-major, any shape), mask (the
+kernel masks causally, like MNN's; the mask only names a key window, for a sliding layer:
+runtime.attention_mask).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.execution import CudaExecution
+from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves
 
 ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
@@ -67,6 +69,7 @@ class AttentionExecution(CudaExecution):
         self.kv_heads = inputs[1].shape[2]
         self.cache = self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.head_dim)
         self.buffers = [self.backend.buffer(t) for t in (inputs[0], inputs[1], inputs[2], outputs[0])]
+        self.window = np.int32(key_window(inputs[3]) if len(inputs) > 3 else 0)
         self._prepare()
 
     def _prepare(self) -> None:
@@ -80,7 +83,7 @@ class AttentionExecution(CudaExecution):
         self.prepare("attention.cu", "kv_append", grid_for(n), (BLOCK,),
                      (seq, kv_heads, dim, capacity, length, k, v, cache.k, cache.v))
         self.prepare("attention.cu", "attention", (self.heads, self.seq), (ATT_TILE,),
-                     (seq, heads, kv_heads, dim, capacity, scale, length, q, cache.k, cache.v, out))
+                     (seq, heads, kv_heads, dim, capacity, scale, self.window, length, q, cache.k, cache.v, out))
         self.bound_version = cache.version
 
     def before_launch(self) -> None:

@@ -22,8 +22,9 @@ from mnngpu.runtime.host_ops import DTYPES
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.session import GraphInput, Session
 
-# Graph inputs whose values decide shapes (the logits row slice), so they stay on the host.
-HOST_INPUTS = frozenset({"logits_index"})
+# Graph inputs whose values decide shapes (the logits row slice) or each Attention op's key
+# window (runtime.attention_mask), so they stay on the host.
+HOST_INPUTS = frozenset({"logits_index", "attention_mask"})
 
 
 def decode_weights(op, weights: WeightFile) -> dict:

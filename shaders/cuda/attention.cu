@@ -22,23 +22,25 @@ extern "C" __global__ void kv_append(int seq, int kv_heads, int head_dim, int ca
     }
 }
 
-// One block per (head, query row), causal: row i sees keys [0, past + i]. Softmax is computed
+// One block per (head, query row), causal: row i sees keys [0, past + i], with a key window > 0
+// (a sliding layer) only the last `window` of them. Softmax is computed
 // online over tiles of ATT_TILE keys (running max and sum), so no buffer grows with the length.
 extern "C" __global__ void attention(int seq, int heads, int kv_heads, int head_dim, int capacity, float scale,
-                                     const int* kv_length, const real_t* q, const real_t* k_cache,
+                                     int window, const int* kv_length, const real_t* q, const real_t* k_cache,
                                      const real_t* v_cache, real_t* out) {
     __shared__ float q_row[MAX_HEAD_DIM];
     __shared__ float p[ATT_TILE];
     const int h = blockIdx.x, i = blockIdx.y, t = threadIdx.x;
     const int kv_head = h / (heads / kv_heads);
     const int visible = *kv_length + i + 1;
+    const int first = window > 0 ? max(0, visible - window) : 0;
     const real_t* q_src = q + ((size_t)i * heads + h) * head_dim;
     for (int d = t; d < head_dim; d += ATT_TILE) q_row[d] = to_float(q_src[d]);
     const real_t* keys = k_cache + (size_t)kv_head * capacity * head_dim;
     const real_t* values = v_cache + (size_t)kv_head * capacity * head_dim;
     float running_max = NEG_INFINITY, running_sum = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
     __syncthreads();
-    for (int start = 0; start < visible; start += ATT_TILE) {
+    for (int start = first; start < visible; start += ATT_TILE) {
         const int j = start + t;
         float score = NEG_INFINITY;
         if (j < visible) {

@@ -2,7 +2,8 @@
 // Cache per layer: k_cache, v_cache real_t [kv_heads][capacity][HEAD_DIM] (int8 codes: see below).
 // kv_length[0] is the number of tokens already kept in front of this step's `seq` new ones;
 // the host writes it before the step, so one prepared kernel serves every step and length.
-// Query row s sees cache positions 0 .. kv_length + s (causal). HEAD_DIM is a build define.
+// Query row s sees cache positions 0 .. kv_length + s (causal); with a key window > 0 (a sliding
+// layer) only the last `window` of them. HEAD_DIM is a build define.
 
 // Appends this step's keys and values (seq-major: [seq][kv_heads][HEAD_DIM]) at kv_length.
 __kernel void kv_append(__global real_t* k_cache, __global real_t* v_cache, __global const real_t* k,
@@ -76,7 +77,7 @@ __kernel void kv_append_int8(__global key_t* k_cache, __global value_t* v_cache,
 #define ATTENTION_ARGS __global real_t* out, __global const real_t* q, __global const key_t* k_cache, \
                        __global const value_t* v_cache, __global const int* kv_length, const int seq,  \
                        const int heads, const int kv_heads, const int capacity, const float scale,     \
-                       __global const float* k_scales, __global const float* v_scales
+                       __global const float* k_scales, __global const float* v_scales, const int window
 
 // CPU devices: one work-item per (head, query row); one pass over the keys with a running
 // max and sum (online softmax), the output accumulated in registers. HEAD_DIM % 4 == 0.
@@ -86,6 +87,7 @@ __kernel void attention_rows(ATTENTION_ARGS) {
     if (h >= heads || s >= seq) return;
     const int g = h / (heads / kv_heads);
     const int visible = kv_length[0] + s + 1;
+    const int first = window > 0 ? max(0, visible - window) : 0;
     const __global real_t* qrow = q + ((size_t)s * heads + h) * HEAD_DIM;
     const __global key_t* keys = k_cache + (size_t)g * capacity * HEAD_DIM;
     const __global value_t* values = v_cache + (size_t)g * capacity * HEAD_DIM;
@@ -94,7 +96,7 @@ __kernel void attention_rows(ATTENTION_ARGS) {
     float4 qv[D4], acc[D4];
     for (int i = 0; i < D4; i++) { qv[i] = LOAD4(qrow, 4 * i) * scale; acc[i] = 0.0f; }
     float running_max = -INFINITY, total = 0.0f;
-    for (int j = 0; j < visible; j++) {
+    for (int j = first; j < visible; j++) {
         float4 dot4 = 0.0f;
         for (int i = 0; i < D4; i++) dot4 = fma(qv[i], KEY4(keys, j * HEAD_DIM + 4 * i), dot4);
         const float score = HSUM4(dot4) * KEY_SCALE(j);
@@ -127,6 +129,7 @@ void attention_group(ATTENTION_ARGS) {
     const int h = get_group_id(0), s = get_group_id(1), lane = get_local_id(0);
     const int g = h / (heads / kv_heads);
     const int visible = kv_length[0] + s + 1;
+    const int first = window > 0 ? max(0, visible - window) : 0;
     const __global real_t* qrow = q + ((size_t)s * heads + h) * HEAD_DIM;
     const __global key_t* keys = k_cache + (size_t)g * capacity * HEAD_DIM;
     const __global value_t* values = v_cache + (size_t)g * capacity * HEAD_DIM;
@@ -135,7 +138,7 @@ void attention_group(ATTENTION_ARGS) {
     float acc[DIMS_PER_LANE];
     for (int i = 0; i < DIMS_PER_LANE; i++) acc[i] = 0.0f;
     float running_max = -INFINITY, total = 0.0f;
-    for (int base = 0; base < visible; base += ATT_WG) {
+    for (int base = first; base < visible; base += ATT_WG) {
         const int j = base + lane;
         float score = -INFINITY;
         if (j < visible) {

@@ -34,6 +34,7 @@ layout(std430, binding = 4) coherent buffer Scores { float scores[]; };
 layout(std430, binding = 5) writeonly buffer Out { float o[]; };
 layout(push_constant) uniform Push {
     uint seq; uint heads; uint kv_heads; uint head_dim; uint capacity; float scale;
+    uint window;   // a sliding layer's key window: only the last `window` visible entries; 0: all
 } pc;
 
 shared float q_row[MAX_HEAD_DIM];
@@ -61,6 +62,7 @@ void main() {
     uint g = h / (pc.heads / pc.kv_heads);
     uint D = pc.head_dim;
     uint visible = min(step.past + s + 1u, pc.capacity);
+    uint first = (pc.window > 0u && visible > pc.window) ? visible - pc.window : 0u;
     uint q_base = item * D;
     for (uint d = l; d < D; d += 64u) q_row[d] = q[q_base + d];
     barrier();
@@ -68,7 +70,7 @@ void main() {
     uint kv_base = g * pc.capacity;
     uint score_base = item * pc.capacity;
     float local_max = -3.0e38;
-    for (uint t = l; t < visible; t += 64u) {
+    for (uint t = first + l; t < visible; t += 64u) {
         uint k_base = (kv_base + t) * D;
         float dot_qk = 0.0;
         for (uint d = 0u; d < D; d++) dot_qk += q_row[d] * KEY(k_base + d);
@@ -78,7 +80,7 @@ void main() {
     }
     float m = workgroup_reduce(local_max, true);
     float local_sum = 0.0;
-    for (uint t = l; t < visible; t += 64u) {
+    for (uint t = first + l; t < visible; t += 64u) {
         float p = exp(scores[score_base + t] - m);
         scores[score_base + t] = p;
         local_sum += p;
@@ -88,7 +90,7 @@ void main() {
     barrier();
     for (uint d = l; d < D; d += 64u) {
         float acc = 0.0;
-        for (uint t = 0u; t < visible; t++) {
+        for (uint t = first; t < visible; t++) {
             acc += scores[score_base + t] * VALUE_SCALE(kv_base + t) * VALUE((kv_base + t) * D + d);
         }
         o[q_base + d] = acc * inv_sum;

@@ -34,6 +34,7 @@ layout(std430, binding = 3) readonly buffer Step { uint past; } step;
 layout(std430, binding = 4) writeonly buffer Out { vec4 o[]; };
 layout(push_constant) uniform Push {
     uint seq; uint heads; uint kv_heads; uint head_dim; uint capacity; float scale;
+    uint window;   // a sliding layer's key window: only the last `window` visible entries; 0: all
 } pc;
 
 void main() {
@@ -44,6 +45,7 @@ void main() {
     uint g = h / (pc.heads / pc.kv_heads);
     uint D4 = pc.head_dim / 4u;
     uint visible = min(step.past + s + 1u, pc.capacity);
+    uint first = (pc.window > 0u && visible > pc.window) ? visible - pc.window : 0u;
     vec4 q_row[MAX_HEAD_DIM4];
     vec4 acc[MAX_HEAD_DIM4];
     for (uint d = 0u; d < D4; d++) {
@@ -52,7 +54,7 @@ void main() {
     }
     float running_max = -3.0e38;
     float running_sum = 0.0;
-    for (uint t = 0u; t < visible; t++) {
+    for (uint t = first; t < visible; t++) {
         uint row = g * pc.capacity + t;
         uint base = row * D4;
         float score = 0.0;

@@ -156,6 +156,32 @@ def test_attention_padded_prefill_then_decode(backend, heads, kv_heads, dim, sca
         close(backend, got.reshape(1, heads, dim), want)
 
 
+def test_attention_sliding_window_cuts_prefill_chunks_and_decode(backend):
+    """A sliding layer's mask input names a key window of 3 (known at resize): every query sees
+    only its last 3 positions, in a padded first chunk (5 of 8 rows real), in a second chunk that
+    starts behind the first, and in decode steps."""
+    rng = np.random.default_rng(11)
+    heads, kv_heads, dim, window = 4, 2, 16, 3
+    meta = backend.kv_meta
+    node = attention_node()
+    keys, values = [], []
+    for seq, real in ((8, 5), (8, 7), (1, 1), (1, 1)):
+        step = attention_inputs(backend, rng, seq, heads, kv_heads, dim)
+        step[3] = np.full((1, 1, 1, 1), window, np.float32)
+        meta.add = real
+        got = OneOp(backend, node, step, host=(3,))(*step)[0].reshape(seq, heads, dim)[:real]
+        past = meta.previous
+        meta.sync()
+        keys.append(step[1][0, :real])
+        values.append(step[2].reshape(seq, kv_heads, dim)[:real])
+        want = reference.causal_attention(step[0][0, :real], np.concatenate(keys), np.concatenate(values), past,
+                                          1 / np.sqrt(dim), window)
+        close(backend, got, want)
+        unwindowed = reference.causal_attention(step[0][0, :real], np.concatenate(keys), np.concatenate(values),
+                                                past, 1 / np.sqrt(dim))
+        assert np.abs(unwindowed[-1] - want[-1]).max() > 1e-2   # the window really cut the last row
+
+
 def test_attention_reserve_keeps_spans(backend):
     """KVMeta.reserve: of the 3 removed tokens only the middle one stays, moved behind the kept ones."""
     rng = np.random.default_rng(3)

@@ -121,15 +121,15 @@ def test_a_backend_lacking_an_op_is_shown_falling_back_to_the_cpu(monkeypatch):
 
 def test_a_config_value_load_rejects_is_listed_by_inspect_not_raised(tmp_path, capsys):
     folder = tmp_path / "model"
-    write_model(folder, "gemma3_text", attention_type="sliding", sliding_window=64)
-    with pytest.raises(ConfigError, match="attention_type"):
+    write_model(folder, "chatglm", attention_mask="glm")
+    with pytest.raises(ConfigError, match="attention_mask"):
         LlmConfig.load(folder)
     assert main(["inspect", "--json", str(folder)]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert [key["key"] for key in info["unsupported_keys"]] == ["attention_type"]
+    assert [key["key"] for key in info["unsupported_keys"]] == ["attention_mask"]
     assert info["unsupported_keys"][0]["path"] == str(folder / "llm_config.json")
-    assert not info["family"]["supported"] and "sliding-window" in info["family"]["note"]
+    assert not info["family"]["supported"] and "not a family mnngpu supports" in info["family"]["note"]
     assert main(["inspect", str(folder)]) == 0
     lines = capsys.readouterr().out.splitlines()
     config_rows = [line for line in lines if line.startswith("config")]
-    assert len(config_rows) == 1 and 'attention_type: "sliding" is not supported' in config_rows[0]
+    assert len(config_rows) == 1 and 'attention_mask: "glm" is not supported' in config_rows[0]

@@ -1,8 +1,9 @@
 """MNN's fused Attention op on the CPU, with the KV cache kept inside the backend.
 
 Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim), v (same values, any
-layout with seq first), mask. The mask input is not read: like MNN's CPU kernel, the op masks
-causally itself, from how many tokens the cache already holds (KVMeta).
+layout with seq first), mask. Like MNN's CPU kernel, the op masks causally itself, from how many
+tokens the cache already holds (KVMeta); the mask input only names a key window (a sliding
+layer of a mix export: runtime.attention_mask), which hides keys `window` or more positions back.
 
 Decode (one query row) is a numba loop over the heads. Prefill multiplies with BLAS per KV
 head and block of queries, `QUERY_BLOCK` rows at a time, so the score matrix stays small.
@@ -16,6 +17,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
+from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
@@ -123,16 +125,16 @@ class KVCache:
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def attend_one(q, keys, key_scale, values, value_scale, total, scale, scores, out):
-    """One query row, heads over the threads. q, out [heads, dim]; keys, values [kv_heads, capacity,
-    dim], float32 or int8 codes, each token's row times its key_scale / value_scale [kv_heads,
-    capacity] entry; scores [heads, >= total] work space."""
+def attend_one(q, keys, key_scale, values, value_scale, first, total, scale, scores, out):
+    """One query row over the keys [first, total), heads over the threads. q, out [heads, dim];
+    keys, values [kv_heads, capacity, dim], float32 or int8 codes, each token's row times its
+    key_scale / value_scale [kv_heads, capacity] entry; scores [heads, >= total] work space."""
     heads, dim = q.shape
     group = heads // keys.shape[0]
     for h in numba.prange(heads):
         g = h // group
         best = np.float32(-np.inf)
-        for t in range(total):
+        for t in range(first, total):
             s = np.float32(0.0)
             for i in range(dim):
                 s += q[h, i] * np.float32(keys[g, t, i])
@@ -140,43 +142,48 @@ def attend_one(q, keys, key_scale, values, value_scale, total, scale, scores, ou
             scores[h, t] = s
             best = max(best, s)
         norm = np.float32(0.0)
-        for t in range(total):
+        for t in range(first, total):
             e = fastmath.exp(scores[h, t] - best)
             scores[h, t] = e
             norm += e
         for i in range(dim):
             out[h, i] = 0.0
-        for t in range(total):
+        for t in range(first, total):
             p = scores[h, t] / norm * value_scale[g, t]
             for i in range(dim):
                 out[h, i] += p * np.float32(values[g, t, i])
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
-def causal_softmax(scores, rows_per_query, first_visible):
-    """scores [queries*rows_per_query, total] in place; row r sees keys [0, first_visible + r // rows_per_query]."""
+def causal_softmax(scores, rows_per_query, first_visible, window):
+    """scores [queries*rows_per_query, total] in place; row r sees keys [lo, visible) with
+    visible = first_visible + r // rows_per_query and lo = visible - window (0 with no window)."""
     for r in range(scores.shape[0]):
         visible = first_visible + r // rows_per_query
+        lo = max(0, visible - window) if window > 0 else 0
+        for t in range(lo):
+            scores[r, t] = 0.0
         best = np.float32(-np.inf)
-        for t in range(visible):
+        for t in range(lo, visible):
             best = max(best, scores[r, t])
         norm = np.float32(0.0)
-        for t in range(visible):
+        for t in range(lo, visible):
             e = fastmath.exp(scores[r, t] - best)
             scores[r, t] = e
             norm += e
         inv = np.float32(1.0) / norm
-        for t in range(visible):
+        for t in range(lo, visible):
             scores[r, t] *= inv
         for t in range(visible, scores.shape[1]):
             scores[r, t] = 0.0
 
 
 @jit.twin_of(attend_one)
-def attend_one_numpy(q, keys, key_scale, values, value_scale, total, scale, scores, out):
+def attend_one_numpy(q, keys, key_scale, values, value_scale, first, total, scale, scores, out):
     group = q.shape[0] // keys.shape[0]
-    k = np.repeat(keys[:, :total] * key_scale[:, :total, None], group, axis=0)      # (heads, total, dim)
-    v = np.repeat(values[:, :total] * value_scale[:, :total, None], group, axis=0)
+    span = slice(first, total)
+    k = np.repeat(keys[:, span] * key_scale[:, span, None], group, axis=0)      # (heads, total - first, dim)
+    v = np.repeat(values[:, span] * value_scale[:, span, None], group, axis=0)
     s = np.einsum("hd,htd->ht", q, k) * np.float32(scale)
     p = np.exp(s - s.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -184,17 +191,20 @@ def attend_one_numpy(q, keys, key_scale, values, value_scale, total, scale, scor
 
 
 @jit.twin_of(causal_softmax)
-def causal_softmax_numpy(scores, rows_per_query, first_visible):
+def causal_softmax_numpy(scores, rows_per_query, first_visible, window):
     visible = first_visible + np.arange(scores.shape[0]) // rows_per_query
-    seen = np.arange(scores.shape[1])[None, :] < visible[:, None]
+    lo = np.maximum(visible - window, 0) if window > 0 else np.zeros_like(visible)
+    keys = np.arange(scores.shape[1])[None, :]
+    seen = (keys < visible[:, None]) & (keys >= lo[:, None])
     masked = np.where(seen, scores, -np.inf)
     e = np.exp(masked - masked.max(axis=1, keepdims=True))
     scores[:] = e / e.sum(axis=1, keepdims=True)
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float,
-           out: np.ndarray, parallel=None) -> None:
-    """q (seq, heads, d); keys/values (kv_heads, >= past+seq, d) -> out (seq, heads, d), causal."""
+           out: np.ndarray, parallel=None, window: int = 0) -> None:
+    """q (seq, heads, d); keys/values (kv_heads, >= past+seq, d) -> out (seq, heads, d), causal;
+    with a `window`, query p sees only the keys after p - window."""
     seq, heads, dim = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
@@ -209,7 +219,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
         rows = np.ascontiguousarray(q[start:stop, g * group:(g + 1) * group]).reshape(-1, dim)
         scores = rows @ keys[g, :visible].T
         scores *= np.float32(scale)
-        softmax_args = (scores, group, past + start + 1)
+        softmax_args = (scores, group, past + start + 1, window)
         jit.runnable(causal_softmax, softmax_args)(*softmax_args)
         out[start:stop, g * group:(g + 1) * group] = (scores @ values[g, :visible]).reshape(stop - start, group, dim)
 
@@ -225,6 +235,7 @@ class CPUAttention(CPUExecution):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.kv_heads = inputs[1].shape[2]
         self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
+        self.window = key_window(inputs[3]) if len(inputs) > 3 else 0
 
     def bind(self):
         seq, kvh, dim = self.seq, self.kv_heads, self.dim
@@ -243,13 +254,15 @@ class CPUAttention(CPUExecution):
         if self.seq == 1:
             scores = self.backend.scratch("attention_scores", (self.heads, past + 1))
             key_scale, value_scale = cache.scales()
-            args = (self.q[0], cache.k, key_scale, cache.v, value_scale, past + 1, self.scale, scores, self.out[0])
+            first = max(0, past + 1 - self.window) if self.window else 0
+            args = (self.q[0], cache.k, key_scale, cache.v, value_scale, first, past + 1, self.scale, scores,
+                    self.out[0])
             if self.attend_one is None:   # the same argument types every step
                 self.attend_one = jit.runnable(attend_one, args)
             self.attend_one(*args)
         else:
             keys, values = cache.floats(past + self.seq)
-            attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel)
+            attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel, self.window)
 
     def _cache(self) -> KVCache:
         return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)

@@ -4,7 +4,8 @@ The kernels are prepared once per module (sized for the cache's capacity) and re
 many tokens the cache already holds from a one-int device buffer the backend writes before
 the step (OpenCLBackend.set_kv_length), so the same prepared kernels serve every prompt length
 and every decode step. Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim),
-v (the same values seq-major, any shape), mask (not read: the kernels mask causally).
+v (the same values seq-major, any shape), mask (the kernels mask causally; the mask only names
+a key window, for a sliding layer: runtime.attention_mask).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
@@ -131,7 +133,7 @@ class AttentionExecution(KernelExecution):
                                        defines=defines)
         args = [outputs[0], inputs[0], cache.k, cache.v, kv_length, np.int32(seq),
                 np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale),
-                cache.k_scale, cache.v_scale]
+                cache.k_scale, cache.v_scale, np.int32(key_window(inputs[3]) if len(inputs) > 3 else 0)]
         if backend.variant == "cpu" and dim % 4 == 0:
             self.attend = self.prepare("attention.cl", "attention_rows", args, (heads, seq), (1, 1), defines)
         else:

@@ -1,7 +1,8 @@
 """MNN's fused Attention op, with each layer's KV cache on the device.
 
 Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim), v (the same values, seq
-first), mask (not read: the kernel masks causally from the kept length). Two dispatches: append
+first), mask (the kernel masks causally from the kept length; the mask only names a key window,
+for a sliding layer: runtime.attention_mask). Two dispatches: append
 this step's k and v at the kept length, then attend: `attention` (a workgroup per row and
 head, scores through a scratch buffer; GPUs) or `attention_rows` (an invocation per row and head,
 online softmax, no barriers; CPU devices). The kept length changes every step while the
@@ -16,6 +17,7 @@ import numpy as np
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import ConfigError, InputError
+from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, quantize_int8, reserve_moves
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
@@ -135,7 +137,8 @@ class VulkanAttention(VulkanExecution):
             self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, cache.k, cache.v], store,
                           element_groups(seq * kv_heads * dim), writes=(-2, -1))
         scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
-        push = pack_push("5If", seq, heads, kv_heads, dim, capacity, float(scale))
+        window = key_window(inputs[3]) if len(inputs) > 3 else 0
+        push = pack_push("5IfI", seq, heads, kv_heads, dim, capacity, float(scale), window)
         cached = [q, cache.k, cache.v, backend.step]
         if backend.variant == "cpu" and dim % 4 == 0:
             self.dispatch(self._kernel("attention_rows"), [*cached, out, *cache.scales], push,
