@@ -60,6 +60,12 @@ OPS: dict[str, OpType] = {
     "GatherV2": OpType(shapes.gather, host_ops.gather, param="GatherV2", min_inputs=2),
     "Gather": OpType(shapes.gather, host_ops.gather, min_inputs=2),
     "Concat": OpType(shapes.concat, host_ops.concat, param="Axis", param_required=ALWAYS),
+    "SliceTf": OpType(shapes.by_evaluation, host_ops.slice_tf, min_inputs=3),
+    "Transpose": OpType(shapes.by_evaluation, host_ops.transpose, min_inputs=2),
+    "Permute": OpType(shapes.by_evaluation, host_ops.permute, param="Permute", param_required=ALWAYS),
+    "Unpack": OpType(shapes.by_evaluation, host_ops.unpack, param="Axis", param_required=ALWAYS),
+    "Im2Col": OpType(shapes.by_evaluation, host_ops.im2col, param="Convolution2D", param_required=ALWAYS),
+    "Eltwise": OpType(shapes.eltwise, host_ops.eltwise, param="Eltwise", param_required=ALWAYS, min_inputs=2),
     "Convolution": OpType(shapes.convolution, param="Convolution2D", param_required=ALWAYS),
     "LayerNorm": OpType(shapes.same, param="LayerNorm", param_required=ALWAYS),
     "Attention": OpType(shapes.attention, param="AttentionParam", param_required=ALWAYS, min_inputs=3),
@@ -101,7 +107,8 @@ def evaluate(node: Node, values: list[np.ndarray]) -> list[np.ndarray]:
     op = OPS.get(node.type)
     if op is None or op.host is None:
         raise ModelFormatError(f"op type {node.type} cannot be evaluated on the host", field=node.name)
-    return [op.host(node, values)]
+    result = op.host(node, values)
+    return list(result) if isinstance(result, tuple) else [result]
 
 
 def graph_op_types() -> frozenset[str]:

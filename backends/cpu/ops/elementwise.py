@@ -28,10 +28,11 @@ class HostOpExecution(CPUExecution):
     def bind(self):
         self.args = [self.value(t) for t in self.inputs]
         self.out = self.outputs[0].device
+        self.outs = [t.device for t in self.outputs]
 
     def onExecute(self, inputs, outputs):  # noqa: N802
-        (result,) = op_table.evaluate(self.node, self.args)
-        np.copyto(self.out, result, casting="unsafe")
+        for out, result in zip(self.outs, op_table.evaluate(self.node, self.args)):
+            np.copyto(out, result, casting="unsafe")
 
 
 class BinaryExecution(HostOpExecution):
