@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -228,6 +229,15 @@ class Llm:
     # ---- tokens ------------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
+
+    def count_prompt_tokens(self, text: str) -> int:
+        return len(self.tokenizer_encode(text))
+
+    def media_sources(self, images: dict[str, bytes]):
+        """A context in which prompts may name these images (an Omni's); a text model takes none."""
+        if images:
+            raise InputError("this model reads no images (is_visual is false)", field="messages")
+        return contextlib.nullcontext()
 
     def tokenizer_decode(self, token: int) -> str:
         return self.tokenizer.decode(int(token))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,6 +88,8 @@ class Omni(Llm):
         self._encoded: EncodedPrompt | None = None     # the last tokenizer_encode with media
         self._image_rows: list[np.ndarray] = []        # rows waiting for their image_pad ids
         self._forward_positions: np.ndarray | None = None
+        self._sources: dict[str, bytes] = {}   # media_sources(): <img>NAME</img> -> encoded image bytes
+        self._read_files = True
 
     # ---- loading --------------------------------------------------------------------------------
     def load(self, progress=None) -> None:
@@ -121,11 +124,32 @@ class Omni(Llm):
         return runtime
 
     # ---- prompts --------------------------------------------------------------------------------
+    @contextmanager
+    def media_sources(self, images: dict[str, bytes]):
+        """While inside, <img>NAME</img> reads the bytes `images` holds under NAME, and no other
+        name is read as a file (the server's data: URLs: a client names no file of this machine)."""
+        saved = self._sources, self._read_files
+        self._sources, self._read_files = dict(images), False
+        try:
+            yield
+        finally:
+            self._sources, self._read_files = saved
+
+    def count_prompt_tokens(self, text: str) -> int:
+        """len(tokenizer_encode(text)) without decoding or encoding an image: each takes two
+        markers and one token per 28x28 block of the size it is resized to."""
+        count, cursor = 0, 0
+        for match in MEDIA_TAG.finditer(text):
+            count += len(self.tokenizer.encode(text[cursor: match.start()]))
+            height, width = aligned_size(*self._image_size(match.group(2))[0])
+            count += 2 + (height // 28) * (width // 28)
+            cursor = match.end()
+        return count + len(self.tokenizer.encode(text[cursor:]))
+
     def tokenizer_encode(self, text: str) -> list[int]:
         """Ids of a prompt with <img>…</img> parts; plain text encodes as Llm's does."""
         if not MEDIA_TAG.search(text):
-            self._encoded = None
-            return super().tokenizer_encode(text)
+            return super().tokenizer_encode(text)   # a pending image prompt stays pending
         ids: list[int] = []
         positions = MropePositions()
         images: list[np.ndarray] = []
@@ -160,21 +184,34 @@ class Omni(Llm):
                 raise InputError("call load() before encoding a prompt with an image", field="prompt")
             raise InputError("this model has no vision module (is_visual is false); it cannot read <img>",
                              field="prompt")
+        size, source = self._image_size(content)
+        if source in self._sources:
+            image = read_image(self._sources[source], name=source)
+        elif not self._read_files:
+            raise InputError("images come as image_url data: URLs here; <img> names no file", field="prompt")
+        else:
+            image = read_image(source)
+        return self.vision.encode(image, aligned_size(*size))
+
+    def _image_size(self, content: str) -> tuple[tuple[int, int], str]:
+        """((height, width) before alignment, the image's name) of an <img> part: <hw>H,W</hw> or
+        the config's image_size on both sides, as MNN 3.6.1's Omni."""
         size = self.config.get("image_size", 420)
-        height, width = size, size
         sized = SIZE_TAG.search(content)
-        if sized:
-            height, width = _parse_size(sized.group(1))
-            content = content[: sized.start()] + content[sized.end():]
-        image = read_image(content.strip())
-        return self.vision.encode(image, aligned_size(height, width))
+        if not sized:
+            return (size, size), content.strip()
+        return _parse_size(sized.group(1)), (content[: sized.start()] + content[sized.end():]).strip()
 
     # ---- the forward pass -----------------------------------------------------------------------
     def forward(self, ids):
-        encoded = self._encoded
-        if encoded is not None and [int(i) for i in np.asarray(ids).reshape(-1)] == encoded.ids:
-            self._forward_positions = encoded.positions + self.runtime.kv_meta.kept
-            self._image_rows = [row for image in encoded.images for row in image]
+        """As Llm's; when `ids` are the last image prompt's ids, or their end while the cache holds
+        the start (a prefix cache), its image rows and mrope positions go in with them."""
+        encoded, ids = self._encoded, [int(i) for i in np.asarray(ids).reshape(-1)]
+        offset = len(encoded.ids) - len(ids) if encoded is not None else -1
+        if offset >= 0 and encoded.ids[offset:] == ids and self.runtime.kv_meta.kept >= offset:
+            self._forward_positions = encoded.positions[:, offset:] + (self.runtime.kv_meta.kept - offset)
+            skipped = sum(token == self.config.get("image_pad") for token in encoded.ids[:offset])
+            self._image_rows = [row for image in encoded.images for row in image][skipped:]
             self._encoded = None   # its images enter the cache once
         try:
             return super().forward(ids)

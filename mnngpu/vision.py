@@ -57,14 +57,16 @@ def read_image(source: str | os.PathLike | bytes, name: str = "image") -> np.nda
             return np.asarray(image.convert(SUPPORTED_MODES[image.mode]), dtype=np.uint8)
     except InputError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:   # Pillow's own limit, checked as it opens the file
+        raise InputError(f"too large: {exc}; scale it down first", path=where, field=name) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"not a readable image ({type(exc).__name__}: {exc})", path=where, field=name) from None
 
 
 def _check_header(image, where: str, name: str) -> None:
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:
-        raise InputError(f"{width}x{height} pixels is more than the {MAX_IMAGE_PIXELS} an image may have; "
+        raise InputError(f"too large: {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS} an image may have; "
                          "scale it down first", path=where, field=name)
     if getattr(image, "n_frames", 1) > 1:
         raise InputError(f"an animated image ({image.n_frames} frames); pass one still frame", path=where, field=name)

@@ -30,18 +30,40 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: f
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, scale: float) -> np.ndarray:
-    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D], one head at a time."""
+    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D]: row i sees keys up to past + i."""
+    seq, total = q.shape[0], k.shape[0]
+    mask = np.where(np.arange(total)[None, :] <= past + np.arange(seq)[:, None], 0.0, -np.inf)
+    return full_attention(q, k, v, mask, scale)
+
+
+def full_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+    """q [seq, H, D]; k, v [total, KVH, D]; mask [seq, total] added to every head's scores
+    -> [seq, H, D], one head and one query at a time."""
     seq, heads, _ = q.shape
     kv_heads = k.shape[1]
     out = np.zeros(q.shape, dtype=np.float64)
     for h in range(heads):
         g = h // (heads // kv_heads)
         for i in range(seq):
-            visible = past + i + 1
-            scores = k[:visible, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            scores = k[:, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale + mask[i]
             p = np.exp(scores - scores.max())
-            out[i, h] = (p / p.sum()) @ v[:visible, g]
+            out[i, h] = (p / p.sum()) @ v[:, g]
     return out.astype(np.float32)
+
+
+def im2col(x: np.ndarray, kh: int, kw: int, sh: int, sw: int) -> np.ndarray:
+    """Unpadded, undilated im2col of [n, c, h, w]: [c*kh*kw, n*oh*ow], element by element."""
+    n, c, h, w = x.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    out = np.zeros((c * kh * kw, n * oh * ow), dtype=x.dtype)
+    for ci in range(c):
+        for ky in range(kh):
+            for kx in range(kw):
+                for b in range(n):
+                    for oy in range(oh):
+                        for ox in range(ow):
+                            out[(ci * kh + ky) * kw + kx, (b * oh + oy) * ow + ox] = x[b, ci, oy * sh + ky, ox * sw + kx]
+    return out
 
 
 def silu_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
