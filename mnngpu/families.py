@@ -20,13 +20,13 @@ SUPPORTED = {
     "mistral": "Mistral (exported with full attention)",
     "gemma2": "Gemma 2 (exported with full attention and final-logit soft-capping)",
     "qwen2_vl": "Qwen2-VL (text and image input: visual.mnn, as MNN's Omni)",
+    "qwen2_5_vl": "Qwen2.5-VL (text and image input: visual.mnn with its windows, as MNN's Omni)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why
 NOT_SUPPORTED = {
     "qwen3_moe": "MNN's MoE op (expert subgraphs), TopKV2, Softmax and Reduction are not implemented",
     "gemma3_text": "sliding-window attention (attention_type sliding or mix) is not implemented",
-    "qwen2_5_vl": "its windowed vision graph (the window_index input) is not implemented",
 }
 
 

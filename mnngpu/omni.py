@@ -223,8 +223,8 @@ class Omni(Llm):
         rows = super()._embed(ids)
         pad = self.config.get("image_pad")
         slots = [i for i, token in enumerate(ids) if token == pad]
-        if not slots:
-            return rows
+        if not slots or (len(ids) == 1 and not self._image_rows):
+            return rows   # as MNN: one id is a text row, even a generated image_pad
         if len(slots) > len(self._image_rows):
             raise InputError("image_pad tokens with no image: put images in a prompt as <img>PATH</img> and "
                              "forward the ids tokenizer_encode returned", field="input_ids")

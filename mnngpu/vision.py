@@ -133,16 +133,43 @@ def patch_positions(grid_h: int, grid_w: int) -> np.ndarray:
     return np.stack([blocked(rows), blocked(cols)]).astype(np.int32)
 
 
+WINDOW = 4   # Qwen2.5-VL: merged tokens per window side (window_size 112 / patch 14 / merge 2), as MNN fixes it
+
+
+def window_layout(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's windows: int32 [tokens] the merged tokens' order window by window (row-major
+    windows of WINDOW x WINDOW tokens, cut at the grid's edge), and float32 [2, 1, n, n] masks over
+    the n patches: full attention, and attention within each window only."""
+    rows, cols = grid_h // MERGE_SIZE, grid_w // MERGE_SIZE
+    order, sizes = [], []
+    for top in range(0, rows + WINDOW - rows % WINDOW, WINDOW):
+        for left in range(0, cols + WINDOW - cols % WINDOW, WINDOW):
+            window = [r * cols + c for r in range(top, min(top + WINDOW, rows)) for c in range(left, min(left + WINDOW, cols))]
+            order += window
+            sizes.append(len(window) * MERGE_SIZE * MERGE_SIZE)
+    patches = grid_h * grid_w
+    masks = np.zeros((2, 1, patches, patches), dtype=np.float32)
+    masks[1] = np.finfo(np.float32).min
+    start = 0
+    for size in sizes:
+        masks[1, 0, start: start + size, start: start + size] = 0
+        start += size
+    return np.array(order, dtype=np.int32), masks
+
+
 class VisionEncoder:
     """visual.mnn (+ visual.mnn.weight) run through the engine's runtime, and its preprocessing."""
 
     INPUTS = ("patches", "position_ids", "attention_mask")
+    WINDOWED = (*INPUTS, "window_index")   # Qwen2.5-VL
 
     def __init__(self, module, hidden_size: int, mean, norm, model_path: Path):
-        names = list(module.input_names)
-        if names[:3] != list(self.INPUTS) or len(names) != 3:
-            raise ModelFormatError(f"a Qwen2-VL vision graph with inputs {list(self.INPUTS)}, got {names} (other "
-                                   "vision encoders are not implemented)", path=model_path, field="inputs")
+        names = tuple(module.input_names)
+        if names not in (self.INPUTS, self.WINDOWED):
+            raise ModelFormatError(f"a Qwen2-VL or Qwen2.5-VL vision graph (inputs {list(self.INPUTS)}, or with "
+                                   f"window_index), got {list(names)}: other vision encoders are not implemented",
+                                   path=model_path, field="inputs")
+        self.windowed = names == self.WINDOWED
         self.module = module
         self.hidden_size = hidden_size
         self.mean, self.norm = mean, norm
@@ -156,6 +183,8 @@ class VisionEncoder:
         count = patches.shape[0]
         feeds = {"patches": patches, "position_ids": patch_positions(grid_h, grid_w),
                  "attention_mask": np.zeros((1, count, count), dtype=np.float32)}
+        if self.windowed:
+            feeds["window_index"], feeds["attention_mask"] = window_layout(grid_h, grid_w)
         (embeds,) = self.module.forward(feeds, ["image_embeds"])
         embeds = np.asarray(embeds, dtype=np.float32).reshape(-1, self.hidden_size)
         return embeds, (grid_h // MERGE_SIZE, grid_w // MERGE_SIZE)

@@ -14,6 +14,7 @@ Settings are the oracle's: precision high, memory high, thread_num 2.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -88,8 +89,9 @@ def record_replies(model_dir: str, prompts: list[str], overrides: dict) -> dict:
 def mnn_patches(model_dir: str, image_path: str, height: int, width: int):
     """Qwen2-VL patches [n, 1176] and patch (row, column) ids as MNN's Omni makes them: MNN's imread,
     its bilinear resize with the config's mean and norm, and the patch reshuffle in MNN's expr ops."""
-    from MNN import cv
-    from MNN import expr as F
+    # `from MNN import cv` would find the C extension's bare module, not MNN/cv.py's constants
+    import MNN.cv as cv  # noqa: PLR0402
+    import MNN.expr as F
 
     with open(f"{model_dir}/llm_config.json", encoding="utf-8") as f:
         config = json.load(f)
@@ -108,10 +110,33 @@ def mnn_patches(model_dir: str, image_path: str, height: int, width: int):
     return np.array(patches.read(), dtype=np.float32), rows
 
 
+def mnn_windows(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's window_index and [2, 1, n, n] attention masks, by MNN's Omni's loops."""
+    rows, cols, side = grid_h // 2, grid_w // 2, 4
+    n_h, n_w = (rows + side - rows % side) // side, (cols + side - cols % side) // side
+    index, bounds = [], [0]
+    for win_h in range(n_h):
+        for win_w in range(n_w):
+            count = 0
+            for i in range(side):
+                for j in range(side):
+                    h, w = win_h * side + i, win_w * side + j
+                    if h < rows and w < cols:
+                        index.append(h * cols + w)
+                        count += 1
+            bounds.append(bounds[-1] + count * 4)
+    n = grid_h * grid_w
+    mask = np.zeros((2, 1, n, n), dtype=np.float32)
+    mask[1] = np.finfo(np.float32).min
+    for start, end in itertools.pairwise(bounds):
+        mask[1, 0, start:end, start:end] = 0
+    return np.array(index, dtype=np.int32), mask
+
+
 def record_image_embeds(model_dir: str, image_path: str, sizes: list[list[int]]) -> dict[str, np.ndarray]:
     """visual.mnn's image_embeds from MNN's runtime (CPU, precision high) for the image at each size."""
-    from MNN import expr as F
-    from MNN import nn
+    import MNN.expr as F
+    import MNN.nn as nn  # noqa: PLR0402
 
     runtime = nn.create_runtime_manager(({"backend": "CPU", "precision": "high", "memory": "high", "numThread": 2},))
     module = nn.load_module_from_file(f"{model_dir}/visual.mnn", [], [], runtime_manager=runtime,
@@ -120,8 +145,13 @@ def record_image_embeds(model_dir: str, image_path: str, sizes: list[list[int]])
     for height, width in sizes:
         patches, rows = mnn_patches(model_dir, image_path, height, width)
         count = patches.shape[0]
-        out = module.forward([F.const(patches, list(patches.shape)), F.const(rows.ravel(), [2, count], F.NCHW, F.int),
-                              F.const(np.zeros(count * count, np.float32), [1, count, count])])
+        inputs = [F.const(patches, list(patches.shape)), F.const(rows.ravel(), [2, count], F.NCHW, F.int),
+                  F.const(np.zeros(count * count, np.float32), [1, count, count])]
+        if len(module.get_info()["inputNames"]) == 4:   # Qwen2.5-VL: windows
+            index, mask = mnn_windows(height // 14, width // 14)
+            inputs[2] = F.const(mask.ravel(), list(mask.shape))
+            inputs.append(F.const(index, [count // 4], F.NCHW, F.int))
+        out = module.forward(inputs)
         out = out[0] if isinstance(out, list) else out
         records[f"{height}x{width}"] = np.array(out.read(), dtype=np.float32).reshape(count // 4, -1)
     return records

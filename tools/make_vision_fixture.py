@@ -1,6 +1,7 @@
-"""Make the tiny real-export vision fixture under tests/fixtures/vision/.
+"""Make the tiny real-export vision fixtures under tests/fixtures/vision/.
 
-A random-weight Qwen2-VL (2 text layers, a 1-block vision tower of width 64) is built with
+A random-weight Qwen2-VL (2 text layers, a 1-block vision tower of width 64) and a Qwen2.5-VL
+(the same text model, a windowed and a full vision block of width 64) are built with
 transformers, exported by MNN's real exporter (`llmexport`, offline, telemetry disabled), and
 recorded with MNN's own runtime (tests/mnn_oracle.py): greedy tokens and first-step logits for
 prompts with `<img>…</img>`, and the vision graph's image embeddings for the bundled test image.
@@ -12,7 +13,8 @@ vision runtime at precision normal / memory low, whose dynamic int8 activations 
 not reproduce). transformers >= 4.53 keeps the text model's sizes under text_config; llmexport
 reads them at the top level, as the published Qwen2-VL config.json has them, so they are copied up.
 
-    python tools/make_vision_fixture.py
+    python tools/make_vision_fixture.py                   # every fixture
+    python tools/make_vision_fixture.py qwen2_5_vl_int4   # only the named ones
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from mnn_export import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-DEST = REPO / "tests" / "fixtures" / "vision" / "qwen2_vl_int4"
+FIXTURES = REPO / "tests" / "fixtures" / "vision"
 ORACLE = REPO / "tests" / "mnn_oracle.py"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -51,6 +53,14 @@ TEXT = {"hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2, "n
 MROPE_SECTION = [4, 6, 6]    # head_dim 32: 16 rotary frequencies over time, height, width
 VISION = {"depth": 1, "embed_dim": 64, "hidden_size": TEXT["hidden_size"], "num_heads": 4, "mlp_ratio": 2,
           "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+# Qwen2.5-VL: two blocks, the first windowed (4x4 merged tokens), the second full (fullatt_block_indexes)
+VISION_2_5 = {"depth": 2, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"], "intermediate_size": 96,
+              "num_heads": 4, "fullatt_block_indexes": [1], "window_size": 112, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+SPECS = {   # fixture name: (family, transformers config class, model class, vision config)
+    "qwen2_vl_int4": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", VISION),
+    "qwen2_5_vl_int4": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", VISION_2_5),
+}
 # {image} is the fixture's image path at recording and test time
 PROMPTS = [
     "<|im_start|>user\n<img>{image}</img>What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
@@ -73,7 +83,7 @@ def make_test_image(path: Path) -> None:
     Image.fromarray(np.stack([red, green, blue], -1).astype(np.uint8)).save(path, optimize=True)
 
 
-def build_hf_model(hf_dir: Path, vocab_size: int) -> None:
+def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
     import torch
     import transformers
 
@@ -83,9 +93,11 @@ def build_hf_model(hf_dir: Path, vocab_size: int) -> None:
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     text = dict(TEXT, vocab_size=vocab_size, initializer_range=0.2, eos_token_id=eos, bos_token_id=0, pad_token_id=0,
                 rope_scaling={"type": "mrope", "mrope_section": MROPE_SECTION})
-    config = transformers.Qwen2VLConfig(text_config=text, vision_config=VISION, tie_word_embeddings=False, **ids)
+    _, config_class, model_class, vision = SPECS[name]
+    config = getattr(transformers, config_class)(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                                                 **ids)
     torch.manual_seed(2)
-    model = transformers.Qwen2VLForConditionalGeneration(config)   # float32 weights, as the text fixtures
+    model = getattr(transformers, model_class)(config)   # float32 weights, as the text fixtures
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
     saved = json.loads((hf_dir / "config.json").read_text())
@@ -134,7 +146,7 @@ def mnn_positions(ids: list[int], grids: list[tuple[int, int]]) -> np.ndarray:
     return np.array(columns, dtype=np.int64).T
 
 
-def record_hf_reference(hf_dir: Path, dest: Path, reference: dict) -> None:
+def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) -> None:
     """The HuggingFace model in float64 on the export's own weights (each linear layer's int4 weights
     dequantized, the bf16 embedding rows, MNN's image embeddings) at MNN's positions: first-step
     logits and 16 greedy tokens per prompt (decode positions: the cache length, as MNN's)."""
@@ -146,7 +158,7 @@ def record_hf_reference(hf_dir: Path, dest: Path, reference: dict) -> None:
     from mnngpu.format.quant import read_linear
     from mnngpu.format.weights import WeightFile
 
-    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float64).eval()
+    model = getattr(transformers, SPECS[name][2]).from_pretrained(hf_dir, dtype=torch.float64).eval()
     text_model = model.model.language_model
     weights = WeightFile(dest / "llm.mnn.weight")
     for op in read_net(dest / "llm.mnn").ops:
@@ -202,25 +214,32 @@ def _sizes_in(template: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def main() -> None:
-    disable_converter_telemetry()
+def make_fixture(name: str) -> Path:
+    dest = FIXTURES / name
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "out"
         tok = train_bpe_tokenizer(corpus.sentences(3000, seed=1), vocab_size=480, special_tokens=SPECIAL_TOKENS)
         save_hf_tokenizer(tok, hf_dir, eos="<|im_end|>", pad="<|endoftext|>")
-        build_hf_model(hf_dir, tok.get_vocab_size())
+        build_hf_model(name, hf_dir, tok.get_vocab_size())
         export_mnn(hf_dir, out_dir, "--quant_bit", "4", "--quant_block", "64")
-        copy_model_files(out_dir, DEST)
-        for name in ("visual.mnn", "visual.mnn.weight"):
-            shutil.copy2(out_dir / name, DEST / name)
-        make_test_image(DEST / IMAGE)
-        set_fixture_settings(DEST)
-        reference = record_oracle(DEST)
-        record_hf_reference(hf_dir, DEST, reference)
-    reference.update(export_args=["--quant_bit", "4", "--quant_block", "64"], family="qwen2_vl",
+        copy_model_files(out_dir, dest)
+        for file in ("visual.mnn", "visual.mnn.weight"):
+            shutil.copy2(out_dir / file, dest / file)
+        make_test_image(dest / IMAGE)
+        set_fixture_settings(dest)
+        reference = record_oracle(dest)
+        record_hf_reference(name, hf_dir, dest, reference)
+    reference.update(export_args=["--quant_bit", "4", "--quant_block", "64"], family=SPECS[name][0],
                      fixture_settings={"image_size": IMAGE_SIZE, "mllm": MLLM}, embed_sizes=EMBED_SIZES)
-    (DEST / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
-    print(f"{DEST.name}: {folder_size(DEST) / 1e6:.2f} MB")
+    (dest / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
+    return dest
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(SPECS)
+    disable_converter_telemetry()
+    for name in names:
+        print(f"{name}: {folder_size(make_fixture(name)) / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

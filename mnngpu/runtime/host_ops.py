@@ -270,3 +270,14 @@ def im2col(node, inputs):
             rows = x[:, :, ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
             cols[:, ky, kx] = rows.transpose(1, 0, 2, 3)
     return cols.reshape(c * kh * kw, n * oh * ow)
+
+
+def top_k(node, inputs):
+    """TopKV2: the k largest (or, with largest false, smallest) along an axis (the last, or the
+    third input), sorted, and their indices (int32); ties keep their order."""
+    x, k = inputs[0], int(np.asarray(inputs[1]).reshape(-1)[0])
+    axis = int(np.asarray(inputs[2]).reshape(-1)[0]) % x.ndim if len(inputs) > 2 else x.ndim - 1
+    largest = getattr(node.param, "largest", True)
+    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    indices = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, indices, axis=axis), indices.astype(INT)

@@ -65,6 +65,7 @@ OPS: dict[str, OpType] = {
     "Permute": OpType(shapes.by_evaluation, host_ops.permute, param="Permute", param_required=ALWAYS),
     "Unpack": OpType(shapes.by_evaluation, host_ops.unpack, param="Axis", param_required=ALWAYS),
     "Im2Col": OpType(shapes.by_evaluation, host_ops.im2col, param="Convolution2D", param_required=ALWAYS),
+    "TopKV2": OpType(shapes.by_evaluation, host_ops.top_k, param="TopKV2", min_inputs=2),
     "Eltwise": OpType(shapes.eltwise, host_ops.eltwise, param="Eltwise", param_required=ALWAYS, min_inputs=2),
     "Convolution": OpType(shapes.convolution, param="Convolution2D", param_required=ALWAYS),
     "LayerNorm": OpType(shapes.same, param="LayerNorm", param_required=ALWAYS),

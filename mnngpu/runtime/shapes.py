@@ -95,10 +95,11 @@ def by_evaluation(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtyp
     evaluator = {"Squeeze": host_ops.squeeze, "Unsqueeze": host_ops.unsqueeze,
                  "StridedSlice": host_ops.strided_slice, "SliceTf": host_ops.slice_tf,
                  "Transpose": host_ops.transpose, "Permute": host_ops.permute, "Unpack": host_ops.unpack,
-                 "Im2Col": host_ops.im2col}[node.type]
+                 "Im2Col": host_ops.im2col, "TopKV2": host_ops.top_k}[node.type]
     x = inputs[0]
     result = evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)])
-    return [(part.shape, x.dtype) for part in (result if isinstance(result, tuple) else (result,))]
+    return [(part.shape, part.dtype if node.type == "TopKV2" else x.dtype)
+            for part in (result if isinstance(result, tuple) else (result,))]
 
 
 def eltwise(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:

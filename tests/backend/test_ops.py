@@ -301,6 +301,17 @@ def test_eltwise_sum(backend):
     assert np.array_equal(got, a + b)
 
 
+@pytest.mark.parametrize("largest", [False, True])
+def test_top_k_sorts_and_gives_indices(backend, largest):
+    """Qwen2.5-VL's argsort of its window order: TopKV2 with k the full length."""
+    x = np.array([[4, 0, 7, 1, 3], [2, 9, 5, 5, 0]], dtype=np.float32)
+    values, indices = OneOp(backend, Node("TopKV2", "k", P.TopKV2(sorted=True, largest=largest)),
+                            [x, np.array(3, np.int32)], host=(1,), declined_by=HOST_MOVEMENT)(x, None)
+    want = np.argsort(-x if largest else x, axis=1, kind="stable")[:, :3]
+    assert indices.dtype == np.int32 and np.array_equal(indices, want)
+    assert np.array_equal(values, np.take_along_axis(x, want, axis=1))
+
+
 @pytest.mark.parametrize("kernel, stride, shape", [((2, 1), (2, 1), (1, 6, 2, 9)), ((2, 3), (1, 2), (2, 2, 5, 7))])
 def test_im2col(backend, kernel, stride, shape):
     x = stored(backend, np.random.default_rng(7).normal(size=shape))
