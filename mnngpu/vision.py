@@ -27,6 +27,9 @@ TEMPORAL_PATCH_SIZE = 2
 MERGE_SIZE = 2
 # Larger images are refused before they are decoded: a 5792x5792 RGB image is ~100 MB of pixels.
 MAX_IMAGE_PIXELS = 5792 * 5792
+# The vision graph's attention and masks take n x n floats for n patches: 4096 patches (an image
+# resized to 896x896) bound them to 64 MB each.
+MAX_PATCHES = 4096
 SUPPORTED_MODES = {"RGB": "RGB", "RGBA": "RGB", "L": "RGB", "P": "RGB", "LA": "RGB"}
 
 
@@ -178,6 +181,10 @@ class VisionEncoder:
         """float32 [tokens, hidden], one row per image_pad, and the merged grid (rows, columns) of
         the image resized to `size` (already aligned)."""
         height, width = size
+        if (height // PATCH_SIZE) * (width // PATCH_SIZE) > MAX_PATCHES:
+            raise InputError(f"resizing to {height}x{width} makes {(height // PATCH_SIZE) * (width // PATCH_SIZE)} "
+                             f"patches, more than the {MAX_PATCHES} the vision graph may take; choose a smaller "
+                             "<hw> or image_size", field="image_size")
         resized = image if image.shape[:2] == (height, width) else resize_bilinear(image, height, width)
         patches, (_, grid_h, grid_w) = qwen2_patches(normalize(resized, self.mean, self.norm))
         count = patches.shape[0]

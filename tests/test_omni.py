@@ -224,3 +224,8 @@ def test_a_big_image_is_resized_to_the_configured_size_without_keeping_it(model)
         ids = model.tokenizer_encode("<img>big</img>hi")
     assert ids.count(model.config.get("image_pad")) == 16
     assert sum(rows.nbytes for rows in model._encoded.images) == 16 * 128 * 4
+
+
+def test_a_size_over_the_patch_limit_is_refused_before_the_vision_graph_runs(model):
+    with pytest.raises(InputError, match="more than the 4096"):
+        model.tokenizer_encode(f"<img><hw>1400,1400</hw>{IMAGE}</img>hi")

@@ -257,17 +257,18 @@ class CPUAttention(CPUExecution):
 
 def attend_all(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None, scale: float) -> np.ndarray:
     """An encoder's attention, every query over every key: q (seq, heads, d), keys/values (seq, kv_heads, d),
-    mask broadcastable to (heads, seq, seq) and added to the scores, or None -> (seq, heads, d)."""
+    mask (1 or heads, seq, seq) added to the scores, or None -> (seq, heads, d)."""
     group = q.shape[1] // keys.shape[1]
-    k = np.repeat(keys, group, axis=1)
-    v = np.repeat(values, group, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k, dtype=np.float32) * np.float32(scale)
-    if mask is not None:
-        scores += mask
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return np.einsum("hqk,khd->qhd", scores, v, dtype=np.float32)
+    out = np.empty(q.shape, dtype=np.float32)
+    for head in range(q.shape[1]):   # one head's [seq, seq] scores at a time: memory n^2, not heads * n^2
+        scores = q[:, head] @ keys[:, head // group].T * np.float32(scale)
+        if mask is not None:
+            scores += mask[min(head, mask.shape[0] - 1)] if mask.ndim == 3 else mask
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out[:, head] = scores @ values[:, head // group]
+    return out
 
 
 class CPUEncoderAttention(CPUExecution):
