@@ -229,3 +229,10 @@ def test_a_big_image_is_resized_to_the_configured_size_without_keeping_it(model)
 def test_a_size_over_the_patch_limit_is_refused_before_the_vision_graph_runs(model):
     with pytest.raises(InputError, match="more than the 4096"):
         model.tokenizer_encode(f"<img><hw>1400,1400</hw>{IMAGE}</img>hi")
+
+
+def test_counting_a_prompts_tokens_runs_no_vision_and_agrees_with_encoding(model):
+    ref = json.loads((VISION / "reference.json").read_text())
+    for prompt in ref["prompts"]:
+        text = prompt["text"].format(image=IMAGE)
+        assert model.count_prompt_tokens(text) == len(model.tokenizer_encode(text)) == len(prompt["ids"])
