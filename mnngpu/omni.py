@@ -236,10 +236,10 @@ class Omni(Llm):
     def _positions(self, first: int, seq: int, rows: int) -> np.ndarray:
         if self._forward_positions is None:
             return super()._positions(first, seq, rows)
-        taken, self._forward_positions = self._forward_positions[:, :seq], self._forward_positions[:, seq:]
         if self.position_axes != 3:
             raise ModelFormatError("an mrope graph (position_ids [3, seq]) for a prompt with an image",
                                    path=self.config.model_path, field="position_ids")
+        taken, self._forward_positions = self._forward_positions[:, :seq], self._forward_positions[:, seq:]
         padding = taken[:, -1:] + 1 + np.arange(rows - seq, dtype=np.int32)   # a fixed-shape chunk's pad rows
         return np.concatenate([taken, padding], axis=1).astype(np.int32)
 
@@ -251,8 +251,8 @@ def _parse_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise InputError(f"<hw>HEIGHT,WIDTH</hw> with two positive integers, got <hw>{text}</hw>",
                          field="prompt") from None
-    if height <= 0 or width <= 0 or height * width > 4096 * 4096:
-        raise InputError(f"<hw> sizes between 1 and 4096x4096 pixels, got {height},{width}", field="prompt")
+    if height <= 0 or width <= 0:
+        raise InputError(f"<hw> with positive sizes, got {height},{width}", field="prompt")
     return height, width
 
 

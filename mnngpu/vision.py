@@ -30,7 +30,7 @@ MAX_IMAGE_PIXELS = 5792 * 5792
 # The vision graph's attention and masks take n x n floats for n patches: 4096 patches (an image
 # resized to 896x896) bound them to 64 MB each.
 MAX_PATCHES = 4096
-SUPPORTED_MODES = {"RGB": "RGB", "RGBA": "RGB", "L": "RGB", "P": "RGB", "LA": "RGB"}
+SUPPORTED_MODES = ("RGB", "RGBA", "L", "LA", "P")   # 8-bit colour, grey and palette: all read as RGB
 
 
 def is_url(text: str) -> bool:
@@ -57,7 +57,7 @@ def read_image(source: str | os.PathLike | bytes, name: str = "image") -> np.nda
         with Image.open(opened) as image:
             _check_header(image, where, name)
             image.load()
-            return np.asarray(image.convert(SUPPORTED_MODES[image.mode]), dtype=np.uint8)
+            return np.asarray(image.convert("RGB"), dtype=np.uint8)
     except InputError:
         raise
     except Image.DecompressionBombError as exc:   # Pillow's own limit, checked as it opens the file

@@ -236,3 +236,9 @@ def test_counting_a_prompts_tokens_runs_no_vision_and_agrees_with_encoding(model
     for prompt in ref["prompts"]:
         text = prompt["text"].format(image=IMAGE)
         assert model.count_prompt_tokens(text) == len(model.tokenizer_encode(text)) == len(prompt["ids"])
+
+
+@pytest.mark.parametrize("size", ["0,56", "56", "a,b"])
+def test_a_bad_hw_size_is_one_clear_error(model, size):
+    with pytest.raises(InputError, match="<hw>"):
+        model.tokenizer_encode(f"<img><hw>{size}</hw>{IMAGE}</img>hi")
