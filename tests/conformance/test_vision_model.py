@@ -19,6 +19,7 @@ import pytest
 from mnngpu import llm as mnngpu_llm
 from mnngpu.omni import Omni
 from mnngpu.vision import aligned_size, read_image
+from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES
 
 VISION = FIXTURES.parent / "vision"
@@ -33,14 +34,6 @@ def load(folder, backend_type: str) -> Omni:
                       "mllm": {"backend_type": backend_type, "precision": "high", "thread_num": 2}})
     model.load()
     return model
-
-
-def greedy(model, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
-    first = np.asarray(model.forward(ids))[0, -1].copy()
-    tokens = [int(np.argmax(first))]
-    while len(tokens) < steps:
-        tokens.append(int(np.argmax(np.asarray(model.forward([tokens[-1]]))[0, -1])))
-    return tokens, first
 
 
 @pytest.mark.parametrize("name", NAMES)
