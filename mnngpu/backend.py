@@ -126,6 +126,8 @@ class Backend(ABC):
         placement step before onCreate; a backend with shape or dtype limits extends it."""
         if node.type not in self.executions:
             return f"{node.type} is not in the {self.type} op table"
+        if node.type == "Attention" and not node.param.kv_cache and not self.encoder_attention:
+            return f"Attention without a KV cache (a vision encoder's) is not implemented on {self.type}"
         return None
 
     def supports(self, node: Node, inputs: list[Tensor], outputs: list[Tensor] = ()) -> bool:
@@ -170,6 +172,10 @@ class Backend(ABC):
 
     # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
     kv_int8: bool = False
+
+    # An Attention op with kv_cache false (a vision encoder's: every query over every key, plus
+    # the mask input) runs here; where not, it falls back to the CPU.
+    encoder_attention: bool = False
 
     # Packed weights are host arrays any instance can use: create_lora shares them with the base.
     host_weights: bool = False

@@ -63,7 +63,8 @@ class PromptCache:
         """The ids to prefill for `prompt`: only its new part when the cache holds the rest, or
         when the prefix cache holds `prefix` (the prompt's system turn)."""
         self.prefilled_now = 0
-        if self.llm.config.reuse_kv and self.text and prompt.startswith(self.text) and prompt != self.text:
+        if (self.llm.config.reuse_kv and self.text and prompt.startswith(self.text) and prompt != self.text
+                and not has_media(prompt[len(self.text):])):
             return continuation_ids(self.llm.tokenizer, prompt[len(self.text):])
         self.clear()
         ids = self.llm.tokenizer_encode(prompt)
@@ -83,6 +84,14 @@ class PromptCache:
     def tokens(self) -> int:
         """How many tokens the cache holds (after a clear, none, though the memory is freed later)."""
         return self.llm.runtime.kv_meta.kept
+
+
+def has_media(text: str) -> bool:
+    """Whether `text` names an image or audio part (<img>…</img>): such a part is encoded by the
+    model's tokenizer_encode, with the whole prompt."""
+    from mnngpu.omni import MEDIA_TAG
+
+    return MEDIA_TAG.search(text) is not None
 
 
 def continuation_ids(tokenizer, text: str) -> list[int]:

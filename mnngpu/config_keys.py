@@ -62,7 +62,7 @@ def _rejected(note: str, supported: Callable[[Any], bool], supported_text: str) 
 
 _FILES = "a file name under base_dir"
 _SAMPLER = "the sampler (mnngpu.sampler), as MNN's"
-_MULTIMODAL = "vision, audio and speech models only; is_visual, is_audio and has_talker are rejected"
+_MULTIMODAL = "vision, audio and speech models only: read by the parts mnngpu does not implement"
 _SPLIT = "split (is_single false) and NPU exports only; is_single false is rejected"
 _SPECULATIVE = "read by a speculative generation strategy only (speculative_type)"
 _DFLASH = "dflash drafts only (speculative_type dflash)"
@@ -133,16 +133,18 @@ KEYS: dict[str, Key] = {
                             "(cpu, opencl, vulkan; cuda: a ConfigError); sliding: causal without a window, as "
                             "MNN's runtime masks it (one warning line)"),
     "sliding_window": _done("the key window of a mix export's sliding layers; with sliding, not applied (as MNN)"),
-    "is_mrope": _rejected("multi-axis rotary positions are not implemented", _equals(False), "false"),
-    "mrope_axes": _inert("used only with is_mrope, which is rejected"),
+    "is_mrope": _done("an mrope graph (position_ids [3, seq]) gets MNN's time/height/width positions; "
+                      "the graph's position_ids input decides, as in MNN"),
+    "mrope_axes": _rejected("mrope graphs with other than 3 position axes are not implemented", _equals(3), "3"),
     "attn_scale": _done("the attention scale where the Attention op records none"),
     "attention_fused": _inert("MNN reads it and never uses it"),
     "key_value_shape": _inert("MNN reads it and never uses it"),
     "max_position_embeddings": _inert("MNN only logs a line when a sequence passes it"),
     "is_single": _rejected("split block exports are not implemented", _equals(True), "true"),
-    "is_visual": _rejected("vision inputs are not implemented", _equals(False), "false"),
+    "is_visual": _done("the model is an Omni: <img>PATH</img> in a prompt runs visual.mnn (Qwen2-VL's "
+                       "inputs) and puts its rows at the image_pad ids"),
     "is_audio": _rejected("audio inputs are not implemented", _equals(False), "false"),
-    "has_talker": _rejected("speech output is not implemented", _equals(False), "false"),
+    "has_talker": _warned("speech output is not supported; the text and vision parts load and run"),
     "has_deepstack": _rejected("deepstack embeddings are not implemented", _equals(False), "false"),
     "ple_embed_file": _rejected("per-layer embeddings are not implemented", _equals(None), "unset"),
     "ple_embed_scale": _inert("used only with ple_embed_file, which is rejected"),
@@ -150,7 +152,8 @@ KEYS: dict[str, Key] = {
     "ple_quant": _inert("used only with ple_embed_file, which is rejected"),
     "load_disk_embedding_only": _inert(_MULTIMODAL),
     "is_embedding": _inert(_MULTIMODAL),
-    "mllm": _inert(_MULTIMODAL),
+    "mllm": _done("the vision module's runtime (backend_type, thread_num, precision, power, memory); "
+                  "absent: the LLM's, as MNN's"),
     "bos": _inert("MNN's templates take bos from jinja.bos or the tokenizer"),
     "chat_template": _inert("MNN's templates take it from jinja.chat_template or the tokenizer"),
     "prompt_template": _inert("MNN reads it and never uses it (templates are jinja)"),
@@ -176,10 +179,12 @@ KEYS: dict[str, Key] = {
         "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
         "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input")},
     # ---- vision, audio and speech ------------------------------------------------------------
+    **{key: _done("Qwen2-VL image input, as MNN 3.6.1's Omni (mnngpu/vision.py)") for key in (
+        "visual_model", "vision_start", "vision_end", "image_pad", "image_size", "image_mean", "image_norm")},
     **{key: _inert(_MULTIMODAL) for key in (
-        "visual_model", "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
-        "asr_language", "asr_use_audio_template", "vision_type", "vision_start", "vision_end", "image_pad",
-        "video_pad", "image_size", "image_size_unit", "image_max_size", "image_mean", "image_norm",
+        "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
+        "asr_language", "asr_use_audio_template", "vision_type",
+        "video_pad", "image_size_unit", "image_max_size",
         "image_min_pixels", "image_max_pixels", "global_image", "patch_size", "num_grid_per_side",
         "scale_emb", "video_fps", "video_max_frames", "video_max_pixels", "video_max_vision_tokens",
         "vision_slice_start_id", "vision_slice_end_id", "vision_id_start_id", "vision_id_end_id",

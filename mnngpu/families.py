@@ -27,6 +27,8 @@ SUPPORTED = {
     # the exporter writes mix when the layers mix sliding and full attention, sliding when every
     # layer slides (MNN's runtime then applies no window, and neither does mnngpu)
     "gemma3_text": "Gemma 3 text (sliding-window attention: attention_type mix or sliding)",
+    "qwen2_vl": "Qwen2-VL (text and image input: visual.mnn, as MNN's Omni)",
+    "qwen2_5_vl": "Qwen2.5-VL (text and image input: visual.mnn with its windows, as MNN's Omni)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why

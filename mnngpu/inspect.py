@@ -44,7 +44,32 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "support": op_support(net),
         "unsupported_keys": [{"key": error.field, "path": error.path, "error": str(error)}
                              for error in config.unsupported()],
+        "modules": extra_modules(config),
     }
+
+
+# An Omni's modules besides llm.mnn: (config flag, role, config key of the graph, MNN's default file)
+EXTRA_MODULES = (("is_visual", "vision", "visual_model", "visual.mnn"),
+                 ("is_audio", "audio", "audio_model", "audio.mnn"),
+                 ("has_talker", "talker", "talker_model", "talker.mnn"))
+
+
+def extra_modules(config: LlmConfig) -> list[dict[str, Any]]:
+    """The vision, audio and talker graphs the config names, each with its inputs and op support."""
+    modules = []
+    for flag, role, key, default in EXTRA_MODULES:
+        if not config.get(flag):
+            continue
+        path = Path(config.base_dir) / config.get(key, default)
+        facts: dict[str, Any] = {"role": role, "file": path.name, "present": path.is_file(),
+                                 "runs": role == "vision"}
+        if facts["present"]:
+            net = read_net(path)
+            weight = path.with_name(path.name + ".weight")
+            facts.update(n_ops=len(net.ops), inputs=[op.name for op in net.ops if op.type == "Input"],
+                         weight_bytes=weight.stat().st_size if weight.is_file() else 0, support=op_support(net))
+        modules.append(facts)
+    return modules
 
 
 def placement_on(path: str | os.PathLike, overrides: dict[str, Any]):
@@ -263,6 +288,7 @@ def format_inspect_table(info: dict[str, Any]) -> str:
     for i in range(0, len(by_count), 3):
         rows.append(("", "   ".join(f"{name:<14}{count:>5}" for name, count in by_count[i: i + 3])))
     rows.extend(_support_rows(info["family"], info["support"]))
+    rows.extend(_module_rows(info.get("modules", [])))
     keys = info["unsupported_keys"]
     rows.extend(("config" if i == 0 else "", f"NOT SUPPORTED: {key['error']}") for i, key in enumerate(keys))
     if not keys:
@@ -289,6 +315,28 @@ def _support_rows(family: dict[str, Any], support: dict[str, Any]) -> list[tuple
         else:
             line = "runs every op"
         rows.append((backend_type, line))
+    return rows
+
+
+def _module_rows(modules: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = []
+    for i, module in enumerate(modules):
+        label = "modules" if i == 0 else ""
+        if not module["present"]:
+            rows.append((label, f"{module['role']}: {module['file']} is MISSING"))
+            continue
+        line = (f"{module['role']}: {module['file']}, {module['n_ops']} ops, {_size(module['weight_bytes'])} of "
+                f"weights, inputs {', '.join(module['inputs'])}")
+        if not module["runs"]:
+            line += f"; NOT SUPPORTED: {module['role']} is not implemented"
+        elif not module["support"]["all_supported"]:
+            line += f"; NOT SUPPORTED by any backend: {', '.join(module['support']['unsupported'])}"
+        else:
+            fallback = sorted({name for facts in module["support"]["backends"].values()
+                               for name in facts["cpu_fallback"]})
+            line += "; every op runs" + (f" (on the CPU where a backend lacks {', '.join(fallback)})"
+                                         if fallback else "")
+        rows.append((label, line))
     return rows
 
 

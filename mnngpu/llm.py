@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -37,15 +38,26 @@ from mnngpu.validate import validate_model
 
 CAUSAL_MASK = mask_feed("full", 0)
 
-
 def graph_feeds(embeds: np.ndarray, first_position: int, all_logits: bool,
-                mask: np.ndarray = CAUSAL_MASK) -> dict[str, np.ndarray]:
-    """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`;
-    `mask` is the model's attention_mask feed (runtime.attention_mask.mask_feed)."""
+                mask: np.ndarray = CAUSAL_MASK, positions: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The graph inputs for `embeds` [rows, 1, hidden] at positions from `first_position`, or at
+    `positions` [axes, rows] (an mrope graph takes three rows: time, height, width); `mask` is the
+    model's attention_mask feed (runtime.attention_mask.mask_feed)."""
     rows = embeds.shape[0]
-    positions = (first_position + np.arange(rows, dtype=np.int32)).reshape(1, rows)
+    if positions is None:
+        positions = (first_position + np.arange(rows, dtype=np.int32)).reshape(1, rows)
     return {"input_ids": embeds, "attention_mask": mask,
             "position_ids": positions, "logits_index": np.array([0 if all_logits else -1], dtype=np.int32)}
+
+
+def position_axes(net) -> int:
+    """How many rows the graph's position_ids input takes: 3 for an mrope export, else 1 (as MNN
+    reads the input's first dimension)."""
+    for op in net.ops:
+        if op.type == "Input" and op.name == "position_ids":
+            dims = list(getattr(op.param, "dims", None) or [])
+            return 3 if dims and dims[0] == 3 else 1
+    return 1
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
@@ -120,8 +132,12 @@ class LlmContext:
 
 
 def create(config_path: str | os.PathLike) -> "Llm":
-    """An Llm for a model folder or its config.json (not loaded yet)."""
-    return Llm(LlmConfig.load(config_path))
+    """An Llm for a model folder or its config.json (not loaded yet): an Omni when the config has
+    vision, audio or a talker, as MNN's createLLM decides."""
+    from mnngpu.omni import Omni, is_omni
+
+    config = LlmConfig.load(config_path)
+    return Omni(config) if is_omni(config) else Llm(config)
 
 
 class Llm:
@@ -161,6 +177,7 @@ class Llm:
         report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
         self.attention_mask = _attention_mask(cfg)
+        self.position_axes = position_axes(net)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
         self.strategy = create_strategy(cfg, net.output_names)
@@ -228,6 +245,15 @@ class Llm:
     def tokenizer_encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
+    def count_prompt_tokens(self, text: str) -> int:
+        return len(self.tokenizer_encode(text))
+
+    def media_sources(self, images: dict[str, bytes]):
+        """A context in which prompts may name these images (an Omni's); a text model takes none."""
+        if images:
+            raise InputError("this model reads no images (is_visual is false)", field="messages")
+        return contextlib.nullcontext()
+
     def tokenizer_decode(self, token: int) -> str:
         return self.tokenizer.decode(int(token))
 
@@ -271,8 +297,9 @@ class Llm:
         rows = PREFILL_LEN if padded else seq
         module = self.pool.verify() if verify else self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
-        embeds[:seq, 0] = self.embedding.rows(ids)
-        feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask)
+        embeds[:seq, 0] = self._embed(ids)
+        feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask,
+                            self._positions(meta.kept, seq, rows))
         meta.add = seq
         (logits,) = module.forward(feeds, ["logits"])
         meta.sync()
@@ -284,8 +311,17 @@ class Llm:
         self._require_loaded()
         for (rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
-            module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask))
+            module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask,
+                                             self._positions(0, 0, rows)))
         return self.runtime.placements
+
+    def _embed(self, ids: list[int]) -> np.ndarray:
+        """The input rows [seq, hidden] of `ids` (Omni puts its images' rows in)."""
+        return self.embedding.rows(ids)
+
+    def _positions(self, first: int, seq: int, rows: int) -> np.ndarray:
+        """int32 [axes, rows]: positions first.. on every axis (an mrope graph's three agree for text)."""
+        return np.tile(first + np.arange(rows, dtype=np.int32), (self.position_axes, 1))
 
     def _rows_per_run(self, count: int) -> int:
         """How many ids one module forward takes: a fixed-shape backend's PREFILL_LEN, else all of

@@ -6,13 +6,15 @@ Run it as a subprocess (MNN.llm can segfault):
 For each prompt it records the prompt ids, a greedy continuation of `steps` tokens made by
 `forward` with the KV cache kept, and (optionally) the first step's full logits.
 With --replies it records instead the bytes `response()` streams for each prompt, which runs
-MNN's generation strategy (speculative_type) as its own engine does.
+MNN's generation strategy (speculative_type) as its own engine does. With --image-embeds it also
+records a vision model's image embeddings (visual.mnn run by MNN on MNN-made patches).
 Settings are the oracle's: precision high, memory high, thread_num 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -84,6 +86,77 @@ def record_replies(model_dir: str, prompts: list[str], overrides: dict) -> dict:
     return {"settings": {**ORACLE_SETTINGS, **overrides}, "replies": replies}
 
 
+def mnn_patches(model_dir: str, image_path: str, height: int, width: int):
+    """Qwen2-VL patches [n, 1176] and patch (row, column) ids as MNN's Omni makes them: MNN's imread,
+    its bilinear resize with the config's mean and norm, and the patch reshuffle in MNN's expr ops."""
+    # `from MNN import cv` would find the C extension's bare module, not MNN/cv.py's constants
+    import MNN.cv as cv  # noqa: PLR0402
+    import MNN.expr as F
+
+    with open(f"{model_dir}/llm_config.json", encoding="utf-8") as f:
+        config = json.load(f)
+    image = cv.resize(cv.imread(image_path), [width, height], 0, 0, cv.INTER_LINEAR, cv.COLOR_BGR2RGB,
+                      config["image_mean"], config["image_norm"])
+    frame = F.convert(F.expand_dims(image, 0), F.NCHW)
+    patches = F.concat([frame, frame], 0)
+    grid_h, grid_w = height // 14, width // 14
+    patches = F.reshape(patches, [1, 2, 3, grid_h // 2, 2, 14, grid_w // 2, 2, 14])
+    patches = F.reshape(F.transpose(patches, [0, 3, 6, 4, 7, 2, 1, 5, 8]), [grid_h * grid_w, 3 * 2 * 14 * 14])
+    rows = np.zeros((2, grid_h * grid_w), dtype=np.int32)
+    for i in range(grid_h):
+        for j in range(grid_w):
+            index = (i // 2) * (2 * grid_w) + (j // 2) * 4 + (i % 2) * 2 + j % 2
+            rows[:, index] = (i, j)
+    return np.array(patches.read(), dtype=np.float32), rows
+
+
+def mnn_windows(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's window_index and [2, 1, n, n] attention masks, by MNN's Omni's loops."""
+    rows, cols, side = grid_h // 2, grid_w // 2, 4
+    n_h, n_w = (rows + side - rows % side) // side, (cols + side - cols % side) // side
+    index, bounds = [], [0]
+    for win_h in range(n_h):
+        for win_w in range(n_w):
+            count = 0
+            for i in range(side):
+                for j in range(side):
+                    h, w = win_h * side + i, win_w * side + j
+                    if h < rows and w < cols:
+                        index.append(h * cols + w)
+                        count += 1
+            bounds.append(bounds[-1] + count * 4)
+    n = grid_h * grid_w
+    mask = np.zeros((2, 1, n, n), dtype=np.float32)
+    mask[1] = np.finfo(np.float32).min
+    for start, end in itertools.pairwise(bounds):
+        mask[1, 0, start:end, start:end] = 0
+    return np.array(index, dtype=np.int32), mask
+
+
+def record_image_embeds(model_dir: str, image_path: str, sizes: list[list[int]]) -> dict[str, np.ndarray]:
+    """visual.mnn's image_embeds from MNN's runtime (CPU, precision high) for the image at each size."""
+    import MNN.expr as F
+    import MNN.nn as nn  # noqa: PLR0402
+
+    runtime = nn.create_runtime_manager(({"backend": "CPU", "precision": "high", "memory": "high", "numThread": 2},))
+    module = nn.load_module_from_file(f"{model_dir}/visual.mnn", [], [], runtime_manager=runtime,
+                                      rearrange=True, shape_mutable=True)
+    records = {}
+    for height, width in sizes:
+        patches, rows = mnn_patches(model_dir, image_path, height, width)
+        count = patches.shape[0]
+        inputs = [F.const(patches, list(patches.shape)), F.const(rows.ravel(), [2, count], F.NCHW, F.int),
+                  F.const(np.zeros(count * count, np.float32), [1, count, count])]
+        if len(module.get_info()["inputNames"]) == 4:   # Qwen2.5-VL: windows
+            index, mask = mnn_windows(height // 14, width // 14)
+            inputs[2] = F.const(mask.ravel(), list(mask.shape))
+            inputs.append(F.const(index, [count // 4], F.NCHW, F.int))
+        out = module.forward(inputs)
+        out = out[0] if isinstance(out, list) else out
+        records[f"{height}x{width}"] = np.array(out.read(), dtype=np.float32).reshape(count // 4, -1)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -93,7 +166,13 @@ def main() -> None:
     parser.add_argument("--json-out", required=True, help="where to write the JSON record (MNN prints to stdout)")
     parser.add_argument("--logits-out", help="save the first-step logits [n_prompts, vocab] as .npy")
     parser.add_argument("--replies", action="store_true", help="record response()'s streamed bytes instead")
+    parser.add_argument("--image-embeds", nargs=2, metavar=("IMAGE", "SIZES_JSON"),
+                        help="also record visual.mnn's output for IMAGE at each [height, width] of SIZES_JSON")
+    parser.add_argument("--image-embeds-out", help="where --image-embeds writes its .npz")
     args = parser.parse_args()
+    if args.image_embeds:
+        image, sizes = args.image_embeds
+        np.savez(args.image_embeds_out, **record_image_embeds(args.model_dir, image, json.loads(sizes)))
     if args.replies:
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump(record_replies(args.model_dir, json.loads(args.prompts_json), json.loads(args.config_json)),

@@ -31,20 +31,43 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: f
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, scale: float,
                      window: int = 0) -> np.ndarray:
-    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D], one head at a time. Query i sits at
-    position past + i; with a window it sees only keys j with j > past + i - window (MNN's sliding mask)."""
+    """q [seq, H, D]; k, v [past+seq, KVH, D] -> [seq, H, D]: query i sits at position past + i and sees
+    keys up to it; with a window only keys j > past + i - window (MNN's sliding mask)."""
+    seq, total = q.shape[0], k.shape[0]
+    position = past + np.arange(seq)[:, None]
+    keys = np.arange(total)[None, :]
+    seen = (keys <= position) & ((window == 0) | (keys > position - window))
+    return full_attention(q, k, v, np.where(seen, 0.0, -np.inf), scale)
+
+
+def full_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+    """q [seq, H, D]; k, v [total, KVH, D]; mask [seq, total] added to every head's scores
+    -> [seq, H, D], one head and one query at a time."""
     seq, heads, _ = q.shape
     kv_heads = k.shape[1]
     out = np.zeros(q.shape, dtype=np.float64)
     for h in range(heads):
         g = h // (heads // kv_heads)
         for i in range(seq):
-            position = past + i
-            seen = [j for j in range(position + 1) if not window or j > position - window]
-            scores = k[seen, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            scores = k[:, g].astype(np.float64) @ q[i, h].astype(np.float64) * scale + mask[i]
             p = np.exp(scores - scores.max())
-            out[i, h] = (p / p.sum()) @ v[seen, g]
+            out[i, h] = (p / p.sum()) @ v[:, g]
     return out.astype(np.float32)
+
+
+def im2col(x: np.ndarray, kh: int, kw: int, sh: int, sw: int) -> np.ndarray:
+    """Unpadded, undilated im2col of [n, c, h, w]: [c*kh*kw, n*oh*ow], element by element."""
+    n, c, h, w = x.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    out = np.zeros((c * kh * kw, n * oh * ow), dtype=x.dtype)
+    for ci in range(c):
+        for ky in range(kh):
+            for kx in range(kw):
+                for b in range(n):
+                    for oy in range(oh):
+                        for ox in range(ow):
+                            out[(ci * kh + ky) * kw + kx, (b * oh + oy) * ow + ox] = x[b, ci, oy * sh + ky, ox * sw + kx]
+    return out
 
 
 def silu_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

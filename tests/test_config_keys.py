@@ -57,8 +57,8 @@ def model_with(tmp_path: Path, **llm_config) -> Path:
 
 
 @pytest.mark.parametrize("key, value", [
-    ("is_mrope", True), ("attention_mask", "glm"),
-    ("attention_mask", "glm2"), ("is_visual", True), ("is_audio", True), ("has_talker", True), ("is_single", False),
+    ("mrope_axes", 4), ("attention_mask", "glm"),
+    ("attention_mask", "glm2"), ("is_audio", True), ("is_single", False),
     ("has_deepstack", True), ("ple_embed_file", "ple.bin"), ("attention_mode", 12), ("quant_qkv", 4),
     ("attention_mode", 3),
 ])
@@ -72,11 +72,18 @@ def test_a_value_that_changes_the_math_is_rejected_at_load(tmp_path, key, value)
 
 @pytest.mark.parametrize("key, value", [("attention_type", "full"), ("attention_type", "mix"),
                                         ("attention_type", "sliding"), ("attention_mask", "int"),
-                                        ("attention_mode", 0), ("attention_mode", 8), ("is_mrope", False)])
+                                        ("attention_mode", 0), ("attention_mode", 8), ("is_mrope", False),
+                                        ("is_mrope", True), ("is_visual", True)])
 def test_supported_values_load_quietly(tmp_path, key, value):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         LlmConfig.load(model_with(tmp_path, **{key: value}))
+
+
+def test_a_talker_loads_with_one_line_saying_speech_output_is_not_supported(tmp_path):
+    with pytest.warns(ConfigWarning, match="has_talker.*speech output is not supported") as caught:
+        LlmConfig.load(model_with(tmp_path, has_talker=True))
+    assert len([w for w in caught if "has_talker" in str(w.message)]) == 1
 
 
 def test_a_rejected_value_from_set_config_is_refused_and_the_config_kept():

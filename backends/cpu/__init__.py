@@ -28,7 +28,7 @@ from mnngpu.backend import Backend, BackendConfig, Node, Tensor  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.execution import ViewExecution  # noqa: E402
 from mnngpu.backends.cpu.mapped_files import MappedFiles  # noqa: E402
-from mnngpu.backends.cpu.ops.attention import CPUAttention, KVCache  # noqa: E402
+from mnngpu.backends.cpu.ops.attention import CPUAttention, CPUEncoderAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution, UnaryExecution  # noqa: E402
 from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
@@ -77,6 +77,13 @@ class CPUBackend(Backend):
         self.weight_files = MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
         self._recorded: list = []
         self._scratch: dict[tuple[str, int], np.ndarray] = {}
+
+    encoder_attention = True
+
+    def onCreate(self, inputs, outputs, node):  # noqa: N802
+        if node.type == "Attention" and not node.param.kv_cache:
+            return CPUEncoderAttention(self, node)
+        return super().onCreate(inputs, outputs, node)
 
     # ---- load ----------------------------------------------------------------------------------
     def rearrange(self, node: Node) -> None:

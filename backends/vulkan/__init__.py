@@ -88,10 +88,8 @@ class VulkanBackend(Backend):
 
     # ---- resize -------------------------------------------------------------------------------
     def decline(self, node, inputs, outputs):
-        cls = self.executions.get(node.type)
-        if cls is None:
-            return super().decline(node, inputs, outputs)
-        return cls.decline(inputs, outputs, node)
+        reason = super().decline(node, inputs, outputs)
+        return reason if reason is not None else self.executions[node.type].decline(inputs, outputs, node)
 
     def declined(self, node, inputs):
         self._close_segment()   # the CPU backup runs this op between two submits

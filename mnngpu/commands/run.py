@@ -1,4 +1,4 @@
-"""`mnngpu run [MODEL] -p PROMPT`: stream one reply, then llm_demo's statistics.
+"""`mnngpu run [MODEL] -p PROMPT [--image FILE]`: stream one reply, then llm_demo's statistics.
 
 Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`);
 on a terminal, or when stdin holds no text (/dev/null), it is DEFAULT_PROMPT, as --help says.
@@ -19,6 +19,11 @@ def register(subparsers) -> None:
     parser.add_argument("-p", "--prompt", help="the prompt text (default: stdin when it is not a terminal and "
                                                f"holds text, else '{DEFAULT_PROMPT}')")
     parser.add_argument("--no-template", action="store_true", help="feed the prompt raw, without the chat template")
+    parser.add_argument("--image", action="append", default=[], metavar="FILE",
+                        help="an image the prompt starts with, for a vision model (repeatable; the same as "
+                             "writing <img>FILE</img> in the prompt)")
+    parser.add_argument("--audio", action="append", default=[], metavar="FILE",
+                        help="an audio file the prompt starts with (<audio>FILE</audio>), for an audio model")
     add_speculative_argument(parser)
     parser.set_defaults(func=run)
 
@@ -31,6 +36,18 @@ def read_prompt(args) -> str:
     return sys.stdin.read().rstrip("\n") or DEFAULT_PROMPT
 
 
+def media_prompt(model, args) -> str:
+    """The <img>/<audio> tags for --image and --audio, checked against what the model reads."""
+    from mnngpu.errors import InputError
+
+    if args.audio and not model.config.get("is_audio"):
+        raise InputError("this model has no audio module (is_audio is false); audio input is not implemented",
+                         path=args.audio[0], field="--audio")
+    if args.image and not model.config.get("is_visual"):
+        raise InputError("this model has no vision module (is_visual is false)", path=args.image[0], field="--image")
+    return "".join(f"<img>{path}</img>" for path in args.image)
+
+
 def run(args) -> int:
     from mnngpu.chat import PromptCache, generate_reply
 
@@ -38,7 +55,7 @@ def run(args) -> int:
     if args.speculative:
         extra["speculative_type"] = args.speculative
     model = load_model(args, extra)
-    prompt = read_prompt(args)  # after the model, so that a bad folder is reported first
+    prompt = media_prompt(model, args) + read_prompt(args)  # after the model: a bad folder is reported first
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)

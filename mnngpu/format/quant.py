@@ -117,13 +117,15 @@ def _linear_shape(conv: Convolution2D, name: str) -> tuple[int, int]:
     common = conv.common
     if common is None:
         raise ModelFormatError("a Convolution2DCommon table", field=f"{name}.common")
-    if (common.kernelX, common.kernelY, common.group) != (1, 1, 1):
-        raise ModelFormatError("a 1x1 convolution with group 1 (a linear layer), got kernel "
-                               f"{common.kernelX}x{common.kernelY} group {common.group}", field=f"{name}.common")
+    if common.group != 1:
+        raise ModelFormatError(f"a convolution with group 1 (a linear layer), got group {common.group}",
+                               field=f"{name}.common")
     if common.outputCount <= 0 or common.inputCount <= 0:
         raise ModelFormatError(f"positive outputCount/inputCount, got {common.outputCount}/{common.inputCount}",
                                field=f"{name}.common")
-    return common.outputCount, common.inputCount
+    # a kh x kw kernel reads inputCount*kh*kw values per output: [oc, ic, kh, kw] is a linear layer's
+    # [oc, ic*kh*kw] (the shape rule admits such a kernel only where it covers its whole input)
+    return common.outputCount, common.inputCount * common.kernelX * common.kernelY
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def _parse_idst_header(buf: np.ndarray, shape_int32: bool, oc: int, ic: int, whe
     dims_end = 1 + ndim * np.dtype(dim_type).itemsize
     need(dims_end + 1, "the dims and table size")
     dims = buf[1:dims_end].view(dim_type).tolist()
-    if dims[0] != oc or int(np.prod(dims)) != oc * ic:
+    # [oc, ic], or MNN's converter's blocked [oc * blocks, ic / blocks]: the same codes in the same order
+    if dims[0] % oc or int(np.prod(dims)) != oc * ic:
         raise where.error(f"dims [{oc}, {ic}] (from the graph), got {dims}")
     table_size = int(buf[dims_end]) or 256
     table_end = dims_end + 1 + table_size

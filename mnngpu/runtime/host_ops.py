@@ -263,3 +263,67 @@ def expert_add(node, inputs):
     w = np.where(chosen, weights.reshape(-1, top_k), 0).sum(axis=1).astype(FLOAT)
     out = y * w[:, None]
     return out + inputs[3] if len(inputs) > 3 else out
+
+
+# ---- the vision encoders' data movement (Qwen2-VL's patch embedding: Conv3d as MNN exports it) ----
+def slice_tf(node, inputs):
+    """TF Slice: x[begin : begin + size] on each axis; a size of -1 runs to the end."""
+    x, begin, size = inputs[0], np.asarray(inputs[1]).reshape(-1), np.asarray(inputs[2]).reshape(-1)
+    index = tuple(slice(int(b), None if int(s) < 0 else int(b) + int(s)) for b, s in zip(begin, size))
+    return x[index]
+
+
+def transpose(node, inputs):
+    return np.transpose(inputs[0], [int(a) for a in np.asarray(inputs[1]).reshape(-1)])
+
+
+def permute(node, inputs):
+    return np.transpose(inputs[0], [int(a) for a in node.param.dims])
+
+
+def unpack(node, inputs):
+    """Split along `axis` into its slices, that axis removed: one output per slice (a tuple)."""
+    x = inputs[0]
+    axis = int(node.param.axis) % x.ndim
+    return tuple(np.take(x, i, axis=axis) for i in range(x.shape[axis]))
+
+
+ELTWISE = {"SUM": np.add, "PROD": np.multiply, "MAXIMUM": np.maximum, "SUB": np.subtract}
+
+
+def eltwise(node, inputs):
+    p = node.param
+    if p.coeff is not None and len(p.coeff) and not np.all(np.asarray(p.coeff) == 1):
+        raise ModelFormatError("an Eltwise with unit coefficients; weighted sums are not implemented",
+                               field=f"{node.name}.coeff")
+    result = inputs[0]
+    for other in inputs[1:]:
+        result = ELTWISE[p.type](result, other)
+    return result
+
+
+def conv_window(common):
+    """(kh, kw, sh, sw, dh, dw, top, left, bottom, right) of a Convolution2DCommon."""
+    if common.pads is not None and len(common.pads) == 4:
+        top, left, bottom, right = (int(v) for v in common.pads)
+    else:
+        top = bottom = int(common.padY)
+        left = right = int(common.padX)
+    return (common.kernelY, common.kernelX, common.strideY, common.strideX, common.dilateY, common.dilateX,
+            top, left, bottom, right)
+
+
+def im2col(node, inputs):
+    """[n, c, h, w] -> [c*kh*kw, n*oh*ow]: row c*kh*kw + ky*kw + kx, column (n, oy, ox)."""
+    x = inputs[0]
+    kh, kw, sh, sw, dh, dw, top, left, bottom, right = conv_window(node.param.common)
+    x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    n, c, h, w = x.shape
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    cols = np.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
+    for ky in range(kh):
+        for kx in range(kw):
+            rows = x[:, :, ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
+            cols[:, ky, kx] = rows.transpose(1, 0, 2, 3)
+    return cols.reshape(c * kh * kw, n * oh * ow)
+

@@ -40,7 +40,15 @@ def _convolution(node: Node, inputs: list[Tensor]) -> Shape:
     if len(x) < 2 or x[1] != common.inputCount:
         raise ModelFormatError(f"Convolution expects {common.inputCount} input channels, got shape {x}",
                                field=node.name)
-    return (x[0], common.outputCount, *x[2:])
+    if (common.kernelX, common.kernelY) == (1, 1):
+        return (x[0], common.outputCount, *x[2:])
+    # a patch embedding: the window covers the whole [h, w] input, so it is a linear layer over
+    # c*kh*kw values per image (general convolutions are not implemented)
+    kh, kw, _, _, _, _, top, left, bottom, right = host_ops.conv_window(common)
+    if len(x) != 4 or x[2:] != (kh, kw) or top or left or bottom or right:
+        raise ModelFormatError(f"a {kh}x{kw} Convolution is run only as a patch embedding (an unpadded "
+                               f"[n, c, {kh}, {kw}] input, one output per image); got input {x}", field=node.name)
+    return (x[0], common.outputCount, 1, 1)
 
 
 def _gather(node: Node, inputs: list[Tensor]) -> Shape:
@@ -82,11 +90,20 @@ def reshape(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
 
 
 def by_evaluation(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
-    """Squeeze, Unsqueeze, StridedSlice: their host semantics run on a zero-cost stand-in."""
+    """Squeeze, Unsqueeze, StridedSlice and the movement ops: their host semantics run on a
+    zero-cost stand-in (one result per output; Unpack has several)."""
     evaluator = {"Squeeze": host_ops.squeeze, "Unsqueeze": host_ops.unsqueeze,
-                 "StridedSlice": host_ops.strided_slice}[node.type]
+                 "StridedSlice": host_ops.strided_slice, "SliceTf": host_ops.slice_tf,
+                 "Transpose": host_ops.transpose, "Permute": host_ops.permute, "Unpack": host_ops.unpack,
+                 "Im2Col": host_ops.im2col, "TopKV2": host_ops.top_k}[node.type]
     x = inputs[0]
-    return [(evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)]).shape, x.dtype)]
+    result = evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)])
+    return [(part.shape, part.dtype if node.type == "TopKV2" else x.dtype)
+            for part in (result if isinstance(result, tuple) else (result,))]
+
+
+def eltwise(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    return [(np.broadcast_shapes(*(t.shape for t in inputs)), inputs[0].dtype)]
 
 
 def gather(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:

@@ -85,7 +85,9 @@ class ServedModel:
         config = self.llm.config.raw
         try:
             sampler = Sampler({**config, **sampler_overrides(request, config)})
-            prompt_tokens = len(self.llm.tokenizer_encode(prompt))
+            if request.images and not self.llm.config.get("is_visual"):
+                raise InputError("this model reads no images (is_visual is false)", field="messages")
+            prompt_tokens = self.llm.count_prompt_tokens(prompt)
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
         limit = self.llm.config.max_all_tokens
@@ -144,9 +146,10 @@ class ServedModel:
         self.llm.sampler = job.sampler
         self._running = job
         try:
-            reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
-                                   show_special=self.show_special,
-                                   prefix=system_prefix(self.llm, job.request.messages))
+            with self.llm.media_sources(job.request.images):
+                reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
+                                       show_special=self.show_special,
+                                       prefix=system_prefix(self.llm, job.request.messages))
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             raise ApiError(400, str(exc), param=exc.field, code=code) from None

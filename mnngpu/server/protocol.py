@@ -1,6 +1,7 @@
 """The OpenAI wire format: request bodies checked into dataclasses, and the JSON that goes back.
 
-Only what the engine can honour is read: `messages` or `prompt`, `max_tokens`
+Only what the engine can honour is read: `messages` (text and, for a vision model, image_url parts
+given as data: URLs) or `prompt`, `max_tokens`
 (`max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, `stream` and
 `stream_options.include_usage`. Other fields OpenAI clients send are ignored; `n` other
 than 1 is refused, since one reply is generated per request.
@@ -8,6 +9,9 @@ than 1 is refused, since one reply is generated per request.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +52,7 @@ class GenerationRequest:
     include_usage: bool = False
     messages: list[dict] = field(default_factory=list)  # chat completions
     prompt: str = ""                                      # completions
+    images: dict[str, bytes] = field(default_factory=dict)  # <img>NAME</img> in messages -> the image's bytes
 
 
 def parse_chat_request(body: dict) -> GenerationRequest:
@@ -56,7 +61,7 @@ def parse_chat_request(body: dict) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "expected 'messages' to be a non-empty list of {role, content} objects",
                        param="messages")
-    request.messages = [_parse_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    request.messages = [_parse_message(m, f"messages[{i}]", request.images) for i, m in enumerate(messages)]
     return request
 
 
@@ -90,7 +95,7 @@ def _parse_common(body: dict) -> GenerationRequest:
     )
 
 
-def _parse_message(message: Any, param: str) -> dict:
+def _parse_message(message: Any, param: str, images: dict[str, bytes]) -> dict:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, "expected an object with a string 'role'", param=param)
     if message["role"] not in ROLES:
@@ -99,16 +104,41 @@ def _parse_message(message: Any, param: str) -> dict:
     if content is None:
         content = ""
     if isinstance(content, list):
-        content = "".join(_text_part(part, f"{param}.content[{i}]") for i, part in enumerate(content))
+        content = "".join(_content_part(part, f"{param}.content[{i}]", images) for i, part in enumerate(content))
     if not isinstance(content, str):
-        raise ApiError(400, "expected 'content' to be a string or a list of text parts", param=f"{param}.content")
+        raise ApiError(400, "expected 'content' to be a string or a list of text and image_url parts",
+                       param=f"{param}.content")
     return {"role": message["role"], "content": content}
 
 
-def _text_part(part: Any, param: str) -> str:
+def _content_part(part: Any, param: str, images: dict[str, bytes]) -> str:
+    """A text part's text, or an image_url part as <img>NAME</img> with its bytes in `images`."""
     if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
         return part["text"]
-    raise ApiError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", param=param)
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise ApiError(400, "expected 'image_url.url' to be a string", param=f"{param}.image_url")
+        data = _data_url_bytes(url, f"{param}.image_url.url")
+        name = "image:" + hashlib.sha256(data).hexdigest()[:32]   # the same bytes, the same prompt text
+        images[name] = data
+        return f"<img>{name}</img>"
+    raise ApiError(400, "only text and image_url content parts are supported", param=param)
+
+
+def _data_url_bytes(url: str, param: str) -> bytes:
+    """The bytes of a base64 data: URL; the server fetches nothing, so any other URL is refused."""
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma:
+        raise ApiError(400, "only data: URLs (data:image/png;base64,...) are accepted; the server fetches nothing",
+                       param=param)
+    if not head.endswith(";base64"):
+        raise ApiError(400, "expected a base64 data: URL (data:image/...;base64,...)", param=param)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except binascii.Error:
+        raise ApiError(400, "the data: URL's payload is not valid base64", param=param) from None
 
 
 def _parse_stop(stop: Any) -> tuple[str, ...]:

@@ -265,7 +265,86 @@ def test_cast(backend):
     assert got.dtype == np.int32 and np.array_equal(got, np.trunc(floats.astype(np.float64)))
 
 
+@pytest.mark.parametrize("heads, kv_heads, dim, scale", [(4, 4, 16, 0.0), (4, 2, 8, 0.3)])
+def test_encoder_attention_sees_every_key_and_adds_the_mask(backend, heads, kv_heads, dim, scale):
+    """kv_cache false (a vision encoder's Attention): no KV cache, no causal mask, the mask input added."""
+    rng = np.random.default_rng(heads + dim)
+    seq = 6
+    q, k, v = (stored(backend, rng.normal(0, 1, (1, seq, n, dim))) for n in (heads, kv_heads, kv_heads))
+    mask = np.zeros((1, seq, seq), np.float32)
+    mask[0, :, 4:] = np.finfo(np.float32).min   # two blocks, as a window mask: rows see only their block
+    mask[0, 4:, :4] = np.finfo(np.float32).min
+    node = Node("Attention", "attn", P.AttentionParam(kv_cache=False, attnScale=scale))
+    got = run(backend, node, [q, k, v, mask], declined_by=("opencl", "vulkan", "cuda"))
+    want = reference.full_attention(q[0], k[0], v[0], mask[0], scale or 1 / np.sqrt(dim))
+    close(backend, got.reshape(seq, heads, dim), want)
+
+
+def test_patch_convolution_is_a_linear_layer_over_each_window(backend):
+    """A 14x14 kernel over a [n, 3, 14, 14] input (Qwen2-VL's patch embedding): one output per image."""
+    rng = np.random.default_rng(14)
+    w = rng.normal(0, 0.05, (8, 3, 14, 14)).astype(np.float32)
+    weight = QuantizedLinear(8, 3 * 14 * 14, 32, 3 * 14 * 14, False, np.zeros((8, 0), np.uint8),
+                             np.zeros((8, 0), np.float32), np.zeros((8, 0), np.float32), None,
+                             float_weight=w.reshape(8, -1))
+    common = P.Convolution2DCommon(inputCount=3, outputCount=8, kernelX=14, kernelY=14, strideX=14, strideY=14)
+    x = stored(backend, rng.normal(0, 1, (5, 3, 14, 14)))
+    # vulkan's linear kernels take an input width that is a multiple of 8 (3*14*14 = 588 is not)
+    got = run(backend, Node("Convolution", "patch", P.Convolution2D(common=common), {"weight": weight}), [x],
+              declined_by=("vulkan",))
+    want = np.einsum("nchw,ochw->no", x.astype(np.float64), w.astype(np.float64))
+    assert got.shape == (5, 8, 1, 1)
+    close(backend, got.reshape(5, 8), want)
+
+
 # ---- data movement ------------------------------------------------------------------------------------------
+
+HOST_MOVEMENT = ("opencl", "vulkan", "cuda")   # the vision graphs' movement ops run on the CPU (host_ops.py)
+
+
+def test_slice_tf_transpose_permute(backend):
+    x = stored(backend, np.random.default_rng(4).normal(size=(2, 3, 4, 5)))
+    begin, size = np.array([1, 0, 1, 2], np.int32), np.array([-1, 2, 3, -1], np.int32)
+    got = run(backend, Node("SliceTf", "s", None), [x, begin, size], (1, 2), declined_by=HOST_MOVEMENT)
+    assert np.array_equal(got, x[1:, 0:2, 1:4, 2:])
+    perm = np.array([0, 2, 1, 3], np.int32)
+    got = run(backend, Node("Transpose", "t", P.Transpose()), [x, perm], (1,), declined_by=HOST_MOVEMENT)
+    assert np.array_equal(got, x.transpose(0, 2, 1, 3))
+    got = run(backend, Node("Permute", "p", P.Permute(dims=[3, 0, 2, 1])), [x], declined_by=HOST_MOVEMENT)
+    assert np.array_equal(got, x.transpose(3, 0, 2, 1))
+
+
+def test_unpack_gives_one_output_per_slice(backend):
+    x = stored(backend, np.random.default_rng(5).normal(size=(3, 4, 2, 5)))
+    parts = OneOp(backend, Node("Unpack", "u", P.Axis(axis=2)), [x], declined_by=HOST_MOVEMENT)(x)
+    assert len(parts) == 2 and all(np.array_equal(p, x[:, :, i]) for i, p in enumerate(parts))
+
+
+def test_eltwise_sum(backend):
+    rng = np.random.default_rng(6)
+    a, b = (stored(backend, rng.normal(size=(4, 8, 1, 1))) for _ in range(2))
+    got = run(backend, Node("Eltwise", "e", P.Eltwise(type="SUM")), [a, b], declined_by=HOST_MOVEMENT)
+    assert np.array_equal(got, a + b)
+
+
+@pytest.mark.parametrize("largest", [False, True])
+def test_top_k_sorts_and_gives_indices(backend, largest):
+    """Qwen2.5-VL's argsort of its window order: TopKV2 with k the full length."""
+    x = np.array([[4, 0, 7, 1, 3], [2, 9, 5, 5, 0]], dtype=np.float32)
+    values, indices = OneOp(backend, Node("TopKV2", "k", P.TopKV2(sorted=True, largest=largest)),
+                            [x, np.array(3, np.int32)], host=(1,), declined_by=HOST_MOVEMENT)(x, None)
+    want = np.argsort(-x if largest else x, axis=1, kind="stable")[:, :3]
+    assert indices.dtype == np.int32 and np.array_equal(indices, want)
+    assert np.array_equal(values, np.take_along_axis(x, want, axis=1))
+
+
+@pytest.mark.parametrize("kernel, stride, shape", [((2, 1), (2, 1), (1, 6, 2, 9)), ((2, 3), (1, 2), (2, 2, 5, 7))])
+def test_im2col(backend, kernel, stride, shape):
+    x = stored(backend, np.random.default_rng(7).normal(size=shape))
+    common = P.Convolution2DCommon(kernelY=kernel[0], kernelX=kernel[1], strideY=stride[0], strideX=stride[1])
+    got = run(backend, Node("Im2Col", "i", P.Convolution2D(common=common)), [x], declined_by=HOST_MOVEMENT)
+    assert np.array_equal(got, reference.im2col(x, *kernel, *stride))
+
 
 @pytest.mark.parametrize("node, shape", [
     (Node("Reshape", "r", P.Reshape(dims=[4, 6])), (4, 6)),

@@ -266,3 +266,39 @@ class CPUAttention(CPUExecution):
 
     def _cache(self) -> KVCache:
         return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)
+
+
+def attend_all(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None, scale: float) -> np.ndarray:
+    """An encoder's attention, every query over every key: q (seq, heads, d), keys/values (seq, kv_heads, d),
+    mask (1 or heads, seq, seq) added to the scores, or None -> (seq, heads, d)."""
+    group = q.shape[1] // keys.shape[1]
+    out = np.empty(q.shape, dtype=np.float32)
+    for head in range(q.shape[1]):   # one head's [seq, seq] scores at a time: memory n^2, not heads * n^2
+        scores = q[:, head] @ keys[:, head // group].T * np.float32(scale)
+        if mask is not None:
+            scores += mask[min(head, mask.shape[0] - 1)] if mask.ndim == 3 else mask
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out[:, head] = scores @ values[:, head // group]
+    return out
+
+
+class CPUEncoderAttention(CPUExecution):
+    """An Attention op without a KV cache (kv_cache false: a vision encoder's): the mask input,
+    [1, seq, seq] or [1, 1, seq, seq] floats, is added to the scores."""
+
+    def prepare(self, inputs, outputs):
+        _, self.seq, self.heads, self.dim = inputs[0].shape
+        self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
+
+    def bind(self):
+        seq, dim = self.seq, self.dim
+        self.q = self.value(self.inputs[0]).reshape(seq, self.heads, dim)
+        self.k = self.value(self.inputs[1]).reshape(seq, -1, dim)
+        self.v = self.value(self.inputs[2]).reshape(seq, -1, dim)
+        self.mask = self.value(self.inputs[3]).reshape(-1, seq, seq) if len(self.inputs) > 3 else None
+        self.out = self.outputs[0].device.reshape(seq, self.heads, dim)
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        self.out[:] = attend_all(self.q, self.k, self.v, self.mask, self.scale)

@@ -1,0 +1,197 @@
+"""Images for a vision model (Qwen2-VL style): reading, resizing, patching, and the vision module.
+
+    image = read_image("cat.png")                        # uint8 RGB [h, w, 3], checked
+    patches, grid = qwen2_patches(image, (h, w), mean, norm)
+    embeds = VisionEncoder(...).encode(image, (h, w))   # [tokens, hidden], one row per image_pad
+
+The steps follow MNN's Omni (transformers/llm/engine/src/omni.cpp, version 3.6.1, the oracle's):
+the target size is the configured image_size (or a prompt's <hw>h,w</hw>) rounded to a multiple of
+patch_size * merge_size; MNN's bilinear resize (half-pixel centres, edge clamped, rounded to uint8);
+(pixel - image_mean) * image_norm per RGB channel; the frame twice (temporal_patch_size 2) cut
+into 14x14 patches ordered by 2x2 merge blocks; and each patch's (row, column) for the rotary table.
+Decoding is Pillow's; nothing is fetched from a network.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
+
+PATCH_SIZE = 14
+TEMPORAL_PATCH_SIZE = 2
+MERGE_SIZE = 2
+# Larger images are refused before they are decoded: a 5792x5792 RGB image is ~100 MB of pixels.
+MAX_IMAGE_PIXELS = 5792 * 5792
+# The vision graph's attention and masks take n x n floats for n patches: 4096 patches (an image
+# resized to 896x896) bound them to 64 MB each.
+MAX_PATCHES = 4096
+SUPPORTED_MODES = ("RGB", "RGBA", "L", "LA", "P")   # 8-bit colour, grey and palette: all read as RGB
+
+
+def is_url(text: str) -> bool:
+    return text.strip().lower().startswith(("http://", "https://", "ftp://"))
+
+
+def read_image(source: str | os.PathLike | bytes, name: str = "image") -> np.ndarray:
+    """uint8 RGB pixels [h, w, 3] of an image file (or its bytes). One InputError, naming the
+    file, for anything that is not one still 8-bit image of a sane size; the alpha channel is
+    dropped (not blended), as MNN's imread does."""
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise MnnGpuError("reading images needs Pillow: pip install 'mnngpu[vision]'") from None
+    where = name if isinstance(source, bytes) else os.fspath(source)
+    if not isinstance(source, bytes):
+        if is_url(where):
+            raise InputError("URLs are not fetched (the engine reads local files only); download the image "
+                             "and pass its path, or a data: URL to the server", path=where, field=name)
+        if not Path(where).is_file():
+            raise InputError("no such image file", path=where, field=name)
+    opened = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        with Image.open(opened) as image:
+            _check_header(image, where, name)
+            image.load()
+            return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except InputError:
+        raise
+    except Image.DecompressionBombError as exc:   # Pillow's own limit, checked as it opens the file
+        raise InputError(f"too large: {exc}; scale it down first", path=where, field=name) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InputError(f"not a readable image ({type(exc).__name__}: {exc})", path=where, field=name) from None
+
+
+def _check_header(image, where: str, name: str) -> None:
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InputError(f"too large: {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS} an image may have; "
+                         "scale it down first", path=where, field=name)
+    if getattr(image, "n_frames", 1) > 1:
+        raise InputError(f"an animated image ({image.n_frames} frames); pass one still frame", path=where, field=name)
+    if image.mode not in SUPPORTED_MODES:
+        raise InputError(f"image mode {image.mode} is not supported; convert it to 8-bit RGB "
+                         f"(supported: {', '.join(SUPPORTED_MODES)})", path=where, field=name)
+
+
+def aligned_size(height: int, width: int, unit: int = PATCH_SIZE * MERGE_SIZE) -> tuple[int, int]:
+    """MNN 3.6.1's Qwen2-VL target size: each side rounded to the nearest multiple of `unit`, at least one."""
+    return max(unit, round(height / unit) * unit), max(unit, round(width / unit) * unit)
+
+
+def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """MNN::CV::resize INTER_LINEAR on uint8 [h, w, c]: half-pixel centres, coordinates clamped to
+    the edge, each sample rounded back to uint8."""
+    ih, iw = image.shape[:2]
+    ys = _sample_points(ih, height)
+    xs = _sample_points(iw, width)
+    y0, x0 = ys.astype(np.int64), xs.astype(np.int64)
+    y1, x1 = np.ceil(ys).astype(np.int64), np.ceil(xs).astype(np.int64)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    pixels = image.astype(np.float32)
+    top = (1 - fx) * pixels[y0][:, x0] + fx * pixels[y0][:, x1]
+    bottom = (1 - fx) * pixels[y1][:, x0] + fx * pixels[y1][:, x1]
+    value = np.clip((1 - fy) * top + fy * bottom, 0, 255)
+    return np.floor(value + np.float32(0.5)).astype(np.uint8)   # roundf: half away from zero (value >= 0)
+
+
+def _sample_points(source: int, target: int) -> np.ndarray:
+    scale = np.float32(source / target)
+    points = (np.arange(target, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    return np.clip(points, 0, source - 1).astype(np.float32)
+
+
+def normalize(image: np.ndarray, mean, norm) -> np.ndarray:
+    """float32 [3, h, w]: (pixel - mean) * norm per RGB channel."""
+    mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+    norm = np.asarray(norm, dtype=np.float32).reshape(3, 1, 1)
+    return (image.transpose(2, 0, 1).astype(np.float32) - mean) * norm
+
+
+def qwen2_patches(pixels: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Normalized [3, h, w] -> patches [grid_h * grid_w, 3 * 2 * 14 * 14] (the frame twice along
+    time) in 2x2-merge-block order, and the grid (t, h, w) in patches."""
+    channels, height, width = pixels.shape
+    grid_h, grid_w = height // PATCH_SIZE, width // PATCH_SIZE
+    frames = np.stack([pixels] * TEMPORAL_PATCH_SIZE)                      # (t, c, h, w)
+    blocks = frames.reshape(1, TEMPORAL_PATCH_SIZE, channels, grid_h // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE,
+                            grid_w // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE)
+    blocks = blocks.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    patches = blocks.reshape(grid_h * grid_w, channels * TEMPORAL_PATCH_SIZE * PATCH_SIZE * PATCH_SIZE)
+    return np.ascontiguousarray(patches, dtype=np.float32), (1, grid_h, grid_w)
+
+
+def patch_positions(grid_h: int, grid_w: int) -> np.ndarray:
+    """int32 [2, grid_h * grid_w]: each patch's (row, column), in the patches' merge-block order."""
+    rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
+
+    def blocked(index: np.ndarray) -> np.ndarray:
+        shaped = index.reshape(grid_h // MERGE_SIZE, MERGE_SIZE, grid_w // MERGE_SIZE, MERGE_SIZE)
+        return shaped.transpose(0, 2, 1, 3).reshape(-1)
+
+    return np.stack([blocked(rows), blocked(cols)]).astype(np.int32)
+
+
+WINDOW = 4   # Qwen2.5-VL: merged tokens per window side (window_size 112 / patch 14 / merge 2), as MNN fixes it
+
+
+def window_layout(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's windows: int32 [tokens] the merged tokens' order window by window (row-major
+    windows of WINDOW x WINDOW tokens, cut at the grid's edge), and float32 [2, 1, n, n] masks over
+    the n patches: full attention, and attention within each window only."""
+    rows, cols = grid_h // MERGE_SIZE, grid_w // MERGE_SIZE
+    order, sizes = [], []
+    for top in range(0, rows + WINDOW - rows % WINDOW, WINDOW):
+        for left in range(0, cols + WINDOW - cols % WINDOW, WINDOW):
+            window = [r * cols + c for r in range(top, min(top + WINDOW, rows)) for c in range(left, min(left + WINDOW, cols))]
+            order += window
+            sizes.append(len(window) * MERGE_SIZE * MERGE_SIZE)
+    patches = grid_h * grid_w
+    masks = np.zeros((2, 1, patches, patches), dtype=np.float32)
+    masks[1] = np.finfo(np.float32).min
+    start = 0
+    for size in sizes:
+        masks[1, 0, start: start + size, start: start + size] = 0
+        start += size
+    return np.array(order, dtype=np.int32), masks
+
+
+class VisionEncoder:
+    """visual.mnn (+ visual.mnn.weight) run through the engine's runtime, and its preprocessing."""
+
+    INPUTS = ("patches", "position_ids", "attention_mask")
+    WINDOWED = (*INPUTS, "window_index")   # Qwen2.5-VL
+
+    def __init__(self, module, hidden_size: int, mean, norm, model_path: Path):
+        names = tuple(module.input_names)
+        if names not in (self.INPUTS, self.WINDOWED):
+            raise ModelFormatError(f"a Qwen2-VL or Qwen2.5-VL vision graph (inputs {list(self.INPUTS)}, or with "
+                                   f"window_index), got {list(names)}: other vision encoders are not implemented",
+                                   path=model_path, field="inputs")
+        self.windowed = names == self.WINDOWED
+        self.module = module
+        self.hidden_size = hidden_size
+        self.mean, self.norm = mean, norm
+
+    def encode(self, image: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+        """float32 [tokens, hidden], one row per image_pad, and the merged grid (rows, columns) of
+        the image resized to `size` (already aligned)."""
+        height, width = size
+        if (height // PATCH_SIZE) * (width // PATCH_SIZE) > MAX_PATCHES:
+            raise InputError(f"resizing to {height}x{width} makes {(height // PATCH_SIZE) * (width // PATCH_SIZE)} "
+                             f"patches, more than the {MAX_PATCHES} the vision graph may take; choose a smaller "
+                             "<hw> or image_size", field="image_size")
+        resized = image if image.shape[:2] == (height, width) else resize_bilinear(image, height, width)
+        patches, (_, grid_h, grid_w) = qwen2_patches(normalize(resized, self.mean, self.norm))
+        count = patches.shape[0]
+        feeds = {"patches": patches, "position_ids": patch_positions(grid_h, grid_w),
+                 "attention_mask": np.zeros((1, count, count), dtype=np.float32)}
+        if self.windowed:
+            feeds["window_index"], feeds["attention_mask"] = window_layout(grid_h, grid_w)
+        (embeds,) = self.module.forward(feeds, ["image_embeds"])
+        embeds = np.asarray(embeds, dtype=np.float32).reshape(-1, self.hidden_size)
+        return embeds, (grid_h // MERGE_SIZE, grid_w // MERGE_SIZE)

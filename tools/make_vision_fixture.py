@@ -1,0 +1,246 @@
+"""Make the tiny real-export vision fixtures under tests/fixtures/vision/.
+
+A random-weight Qwen2-VL (2 text layers, a 1-block vision tower of width 64) and a Qwen2.5-VL
+(the same text model, a windowed and a full vision block of width 64) are built with
+transformers, exported by MNN's real exporter (`llmexport`, offline, telemetry disabled), and
+recorded with MNN's own runtime (tests/mnn_oracle.py): greedy tokens and first-step logits for
+prompts with `<img>…</img>`, and the vision graph's image embeddings for the bundled test image.
+
+Two settings of the export are changed for the recording, and written into the fixture so the
+engine and MNN read the same: image_size 112 (the exporter's 420 makes 225 image tokens; 112 keeps
+the fixture small and fast), and "mllm" precision/memory high (MNN's exporter asks for a CPU
+vision runtime at precision normal / memory low, whose dynamic int8 activations the engine does
+not reproduce). transformers >= 4.53 keeps the text model's sizes under text_config; llmexport
+reads them at the top level, as the published Qwen2-VL config.json has them, so they are copied up.
+
+    python tools/make_vision_fixture.py                   # every fixture
+    python tools/make_vision_fixture.py qwen2_5_vl_int4   # only the named ones
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+from mnn_export import (
+    copy_model_files,
+    disable_converter_telemetry,
+    export_mnn,
+    folder_size,
+    save_hf_tokenizer,
+    train_bpe_tokenizer,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "vision"
+ORACLE = REPO / "tests" / "mnn_oracle.py"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+IMAGE = "image.png"
+IMAGE_SIZE = 112
+MLLM = {"backend_type": "cpu", "thread_num": 2, "precision": "high", "memory": "high"}
+TEXT = {"hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6}
+MROPE_SECTION = [4, 6, 6]    # head_dim 32: 16 rotary frequencies over time, height, width
+VISION = {"depth": 1, "embed_dim": 64, "hidden_size": TEXT["hidden_size"], "num_heads": 4, "mlp_ratio": 2,
+          "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+# Qwen2.5-VL: two blocks, the first windowed (4x4 merged tokens), the second full (fullatt_block_indexes)
+VISION_2_5 = {"depth": 2, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"], "intermediate_size": 96,
+              "num_heads": 4, "fullatt_block_indexes": [1], "window_size": 112, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+SPECS = {   # fixture name: (family, transformers config class, model class, vision config)
+    "qwen2_vl_int4": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", VISION),
+    "qwen2_5_vl_int4": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", VISION_2_5),
+}
+# {image} is the fixture's image path at recording and test time
+PROMPTS = [
+    "<|im_start|>user\n<img>{image}</img>What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
+    ("<|im_start|>user\nCompare <img><hw>56,84</hw>{image}</img> with the farmer.<|im_end|>\n"
+     "<|im_start|>assistant\n"),
+    "<|im_start|>user\nWhere does the farmer walk?<|im_end|>\n<|im_start|>assistant\n",
+]
+EMBED_SIZES = [[IMAGE_SIZE, IMAGE_SIZE], [56, 84]]   # the aligned sizes the prompts resize the image to
+
+
+def make_test_image(path: Path) -> None:
+    """84x56 RGB: smooth ramps, a hard diagonal edge and a checker corner, so resize and patch
+    order both matter."""
+    from PIL import Image
+
+    y, x = np.mgrid[0:56, 0:84]
+    red = (x * 3) % 256
+    green = np.where(x + y > 60, 40 + y * 3, 220 - y * 2)
+    blue = np.where(((x // 7) + (y // 7)) % 2 == 0, 230, 20)
+    Image.fromarray(np.stack([red, green, blue], -1).astype(np.uint8)).save(path, optimize=True)
+
+
+def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
+    import torch
+    import transformers
+
+    ids = {name: SPECIAL_TOKENS.index(token) for name, token in
+           (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    text = dict(TEXT, vocab_size=vocab_size, initializer_range=0.2, eos_token_id=eos, bos_token_id=0, pad_token_id=0,
+                rope_scaling={"type": "mrope", "mrope_section": MROPE_SECTION})
+    _, config_class, model_class, vision = SPECS[name]
+    config = getattr(transformers, config_class)(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                                                 **ids)
+    torch.manual_seed(2)
+    model = getattr(transformers, model_class)(config)   # float32 weights, as the text fixtures
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(hf_dir)
+    saved = json.loads((hf_dir / "config.json").read_text())
+    saved.update({key: saved["text_config"][key] for key in (*TEXT, "vocab_size")})
+    saved.update(rope_theta=1000000.0, rope_scaling={"type": "mrope", "mrope_section": MROPE_SECTION})
+    (hf_dir / "config.json").write_text(json.dumps(saved, indent=1))
+
+
+def set_fixture_settings(dest: Path) -> None:
+    for name, change in (("llm_config.json", {"image_size": IMAGE_SIZE}), ("config.json", {"mllm": MLLM})):
+        path = dest / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}, indent=4, ensure_ascii=False))
+
+
+def record_oracle(dest: Path) -> dict:
+    image = dest / IMAGE
+    prompts = [p.format(image=image) for p in PROMPTS]
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "oracle.json"
+        subprocess.run([sys.executable, str(ORACLE), str(dest), "--prompts-json", json.dumps(prompts),
+                        "--steps", "16", "--json-out", str(record), "--logits-out", str(dest / "first_logits.npy"),
+                        "--image-embeds", str(image), json.dumps(EMBED_SIZES),
+                        "--image-embeds-out", str(dest / "image_embeds.npz")], check=True, capture_output=True)
+        result = json.loads(record.read_text())
+    for prompt, template in zip(result["prompts"], PROMPTS):
+        prompt["text"] = template
+    return result
+
+
+def mnn_positions(ids: list[int], grids: list[tuple[int, int]]) -> np.ndarray:
+    """int64 [3, len(ids)]: MNN 3.6.1's mrope positions, written from its rule: text takes the next
+    index on all three axes; an image's merged grid (rows, columns) takes (base, base + row,
+    base + column), base being the index after vision_start; then the index continues after the
+    last width index."""
+    pad = SPECIAL_TOKENS.index("<|image_pad|>")
+    columns, grids, i = [], list(grids), 0
+    while i < len(ids):
+        following = columns[-1][2] + 1 if columns else 0
+        if ids[i] == pad:
+            rows, cols = grids.pop(0)
+            columns += [(following, following + r, following + c) for r in range(rows) for c in range(cols)]
+            i += rows * cols
+        else:
+            columns.append((following,) * 3)
+            i += 1
+    return np.array(columns, dtype=np.int64).T
+
+
+def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) -> None:
+    """The HuggingFace model in float64 on the export's own weights (each linear layer's int4 weights
+    dequantized, the bf16 embedding rows, MNN's image embeddings) at MNN's positions: first-step
+    logits and 16 greedy tokens per prompt (decode positions: the cache length, as MNN's)."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(REPO))
+    from mnngpu.format import read_net
+    from mnngpu.format.quant import read_linear
+    from mnngpu.format.weights import WeightFile
+
+    model = getattr(transformers, SPECS[name][2]).from_pretrained(hf_dir, dtype=torch.float64).eval()
+    text_model = model.model.language_model
+    weights = WeightFile(dest / "llm.mnn.weight")
+    for op in read_net(dest / "llm.mnn").ops:
+        if op.type != "Convolution":
+            continue
+        linear = read_linear(weights, op.param, op.name)
+        if op.name == "/lm/lm_head/Linear":
+            target = model.lm_head
+        else:   # /layers.N/self_attn/q_proj/Linear
+            layer, block, proj = op.name.strip("/").split("/")[:3]
+            target = getattr(getattr(text_model.layers[int(layer.split(".")[1])], block), proj)
+        with torch.no_grad():
+            target.weight.copy_(torch.from_numpy(linear.dequantize().astype(np.float64)))
+            if target.bias is not None:
+                target.bias.copy_(torch.from_numpy(np.asarray(linear.bias, dtype=np.float64)))
+    bf16 = np.fromfile(dest / "embeddings_bf16.bin", dtype="<u2").astype(np.uint32) << 16
+    table = bf16.view(np.float32).reshape(-1, TEXT["hidden_size"]).astype(np.float64)
+    embeds = np.load(dest / "image_embeds.npz")
+    pad = SPECIAL_TOKENS.index("<|image_pad|>")
+
+    def logits_of(rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            hidden = text_model(inputs_embeds=torch.from_numpy(rows)[None],
+                                position_ids=torch.from_numpy(positions)[:, None, :]).last_hidden_state
+            return model.lm_head(hidden)[0, -1].numpy()
+
+    firsts = []
+    for prompt in reference["prompts"]:
+        ids = prompt["ids"]
+        images = [embeds[f"{h}x{w}"] for h, w in _sizes_in(prompt["text"])]
+        rows = table[ids]
+        slots = [i for i, token in enumerate(ids) if token == pad]
+        if slots:
+            rows[slots] = np.concatenate(images).astype(np.float64)
+        positions = mnn_positions(ids, [(h // 28, w // 28) for h, w in _sizes_in(prompt["text"])])
+        logits = logits_of(rows, positions)
+        firsts.append(logits.astype(np.float32))
+        tokens = [int(np.argmax(logits))]
+        while len(tokens) < len(prompt["greedy"]):
+            rows = np.concatenate([rows, table[tokens[-1:]]])
+            positions = np.concatenate([positions, np.full((3, 1), rows.shape[0] - 1)], axis=1)
+            tokens.append(int(np.argmax(logits_of(rows, positions))))
+        prompt["hf_greedy"] = tokens
+    np.save(dest / "hf_first_logits.npy", np.stack(firsts))
+
+
+def _sizes_in(template: str) -> list[tuple[int, int]]:
+    """The aligned size each <img> of a prompt template is resized to."""
+    sizes = []
+    for content in re.findall(r"<img>(.*?)</img>", template):
+        sized = re.search(r"<hw>(\d+),(\d+)</hw>", content)
+        sizes.append((int(sized.group(1)), int(sized.group(2))) if sized else (IMAGE_SIZE, IMAGE_SIZE))
+    return sizes
+
+
+def make_fixture(name: str) -> Path:
+    dest = FIXTURES / name
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "out"
+        tok = train_bpe_tokenizer(corpus.sentences(3000, seed=1), vocab_size=480, special_tokens=SPECIAL_TOKENS)
+        save_hf_tokenizer(tok, hf_dir, eos="<|im_end|>", pad="<|endoftext|>")
+        build_hf_model(name, hf_dir, tok.get_vocab_size())
+        export_mnn(hf_dir, out_dir, "--quant_bit", "4", "--quant_block", "64")
+        copy_model_files(out_dir, dest)
+        for file in ("visual.mnn", "visual.mnn.weight"):
+            shutil.copy2(out_dir / file, dest / file)
+        make_test_image(dest / IMAGE)
+        set_fixture_settings(dest)
+        reference = record_oracle(dest)
+        record_hf_reference(name, hf_dir, dest, reference)
+    reference.update(export_args=["--quant_bit", "4", "--quant_block", "64"], family=SPECS[name][0],
+                     fixture_settings={"image_size": IMAGE_SIZE, "mllm": MLLM}, embed_sizes=EMBED_SIZES)
+    (dest / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
+    return dest
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(SPECS)
+    disable_converter_telemetry()
+    for name in names:
+        print(f"{name}: {folder_size(make_fixture(name)) / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
