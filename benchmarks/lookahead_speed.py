@@ -45,7 +45,7 @@ def load(folder: str, threads: int, precision: str, speculative: str, draft_leng
 
 def decode(model, ids: list[int], tokens: int) -> tuple[list[int], float]:
     model.reset()
-    out = model.generate(ids, tokens, stop_ids=False)
+    out = model.generate(ids, tokens, stop_ids=())
     return out, model.context.gen_seq_len / (model.context.decode_us / 1e6)
 
 

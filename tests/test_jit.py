@@ -68,10 +68,11 @@ def test_gemv_group_twin(kernel, bits, block):
         reference.assert_close(twin[m], want, 1e-5)
 
 
+@pytest.mark.parametrize("rows", [3, 6])   # 6: a group of four rows sharing the weights, then two
 @pytest.mark.parametrize("kernel", [kernels.gemv_rows_group, kernels.gemv_rows_group_serial])
-def test_gemv_rows_group_twin(kernel):
+def test_gemv_rows_group_twin(kernel, rows):
     rng = np.random.default_rng(RNG_SEED)
-    rows, ic, block = 3, 128, 64
+    ic, block = 128, 64
     layers = [_layer(rng, oc, ic, 4, block) for oc in (96, 40)]
     empty = np.zeros(0, np.float32)
     xs = rng.normal(size=(rows, ic)).astype(np.float32)

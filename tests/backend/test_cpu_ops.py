@@ -35,7 +35,7 @@ def make_backend(precision: str = "high", threads: int = 2) -> CPUBackend:
 # ---- Convolution (linear), and its fused forms -----------------------------------------------
 
 @pytest.mark.parametrize("bits, block", [(4, 64), (4, 32), (4, 128), (8, 64), (8, 256), (3, 16)])
-@pytest.mark.parametrize("rows", [1, 2, 13])
+@pytest.mark.parametrize("rows", [1, 2, 6, 13])   # 6: four rows sharing each weight row, then two
 @pytest.mark.parametrize("precision", ["high", "low"])
 def test_quantized_linear(bits, block, rows, precision):
     rng = np.random.default_rng(bits * 1000 + block + rows)
@@ -86,7 +86,7 @@ def test_linear_group_gives_each_members_output(rows, precision):
               1e-4 if precision == "low" else 2e-6)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 9])
+@pytest.mark.parametrize("rows", [1, 4, 7, 9])
 @pytest.mark.parametrize("precision", ["high", "low"])
 def test_gated_linear_is_up_times_silu_gate(rows, precision):
     """Both precisions of the CPU's row paths: one row (GEMV), a few (rows kernels), many (BLAS)."""

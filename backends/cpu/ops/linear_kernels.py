@@ -24,7 +24,7 @@ from numba import prange
 
 from mnngpu import jit
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.backends.cpu.ops.intrinsics import dot_u4_s16, prefetch
+from mnngpu.backends.cpu.ops.intrinsics import dot4_u4_s16, dot_u4_s16, prefetch
 
 SIXTEENTH = np.float32(0.0625)
 HALF_64 = 32                  # bytes per int4 block of 64, the exporter's default block
@@ -113,6 +113,133 @@ def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block, xq, xscale):
     return _dot(codes, alpha, k, o, x, xd, xo, xsum, True, block // 2)
 
 
+ROW_GROUP = 4   # rows of x that share one decoding of a weight row (dot4_u4_s16's width)
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _q4_bytes4(codes, row, base, xds, xos, i, width):
+    """_q4_bytes for rows i..i+3 of x: each byte converted once."""
+    d0 = d1 = d2 = d3 = np.float32(0.0)
+    for j in range(np.uint64(width)):
+        byte = np.float32(codes[row, base + j])
+        high = np.floor(byte * SIXTEENTH)
+        at = base + j
+        d0 += high * xds[i, at] + byte * xos[i, at]
+        d1 += high * xds[i + 1, at] + byte * xos[i + 1, at]
+        d2 += high * xds[i + 2, at] + byte * xos[i + 2, at]
+        d3 += high * xds[i + 3, at] + byte * xos[i + 3, at]
+    return d0, d1, d2, d3
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _q8_bytes4(codes, row, base, xs, i, width):
+    d0 = d1 = d2 = d3 = np.float32(0.0)
+    for j in range(np.uint64(width)):
+        code = np.float32(codes[row, base + j])
+        at = base + j
+        d0 += code * xs[i, at]
+        d1 += code * xs[i + 1, at]
+        d2 += code * xs[i + 2, at]
+        d3 += code * xs[i + 3, at]
+    return d0, d1, d2, d3
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, nibbles, width):
+    """_dot for rows i..i+3 of x (a tuple of four)."""
+    row = np.uint64(o)
+    row_bytes = codes.strides[0]
+    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(np.uint64(xsums.shape[1])):
+        base = b * np.uint64(width)
+        prefetch(codes, o * row_bytes + np.int64(base) + PREFETCH_BYTES)
+        if b % 8 == 0:
+            prefetch(alpha, alpha_ahead + np.int64(b) * 8)
+        if nibbles:
+            d0, d1, d2, d3 = _q4_bytes4(codes, row, base, xds, xos, i, width)
+        else:
+            d0, d1, d2, d3 = _q8_bytes4(codes, row, base, xs, i, width)
+        scale = alpha[row, b, 1]
+        low = k * scale + alpha[row, b, 0]
+        a0 += scale * d0 + low * xsums[i, b]
+        a1 += scale * d1 + low * xsums[i + 1, b]
+        a2 += scale * d2 + low * xsums[i + 2, b]
+        a3 += scale * d3 + low * xsums[i + 3, b]
+    return a0, a1, a2, a3
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block):
+    """_dot_quantized for rows i..i+3 of x (a tuple of four): each chunk's nibbles unpacked once."""
+    row_bytes = codes.strides[0]
+    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
+    chunks = block // QUANT_CHUNK
+    x0, x1, x2, x3 = xqs[i], xqs[i + 1], xqs[i + 2], xqs[i + 3]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(xsums.shape[1]):
+        if b % 8 == 0:
+            prefetch(alpha, alpha_ahead + b * 8)
+        d0 = d1 = d2 = d3 = np.float32(0.0)
+        for c in range(b * chunks, (b + 1) * chunks):
+            offset = o * row_bytes + c * (QUANT_CHUNK // 2)
+            prefetch(codes, offset + PREFETCH_BYTES)
+            q0, q1, q2, q3 = dot4_u4_s16(codes, offset, x0, x1, x2, x3, c * QUANT_CHUNK)
+            d0 += xscales[i, c] * np.float32(q0)
+            d1 += xscales[i + 1, c] * np.float32(q1)
+            d2 += xscales[i + 2, c] * np.float32(q2)
+            d3 += xscales[i + 3, c] * np.float32(q3)
+        scale = alpha[o, b, 1]
+        low = k * scale + alpha[o, b, 0]
+        a0 += scale * d0 + low * xsums[i, b]
+        a1 += scale * d1 + low * xsums[i + 1, b]
+        a2 += scale * d2 + low * xsums[i + 2, b]
+        a3 += scale * d3 + low * xsums[i + 3, b]
+    return a0, a1, a2, a3
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _row4(codes, alpha, k, o, xs, xds, xos, xsums, nibbles, block, xqs, xscales, i):
+    """_row for rows i..i+3 of x."""
+    if xqs.shape[1]:
+        if block == QUANT_CHUNK:   # the exporter's default: one chunk a block, no chunk loop
+            return _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, QUANT_CHUNK)
+        return _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block)
+    if not nibbles:
+        return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, False, block)
+    if block == 2 * HALF_64:
+        return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, True, HALF_64)
+    return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, True, block // 2)
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _put(out, i, r, value, gated):
+    """out[i, r] = value, or when gated value * silu(out[i, r]) (out holding the gate)."""
+    if gated:
+        gate = out[i, r]
+        out[i, r] = value * gate / (np.float32(1.0) + fastmath.exp(-gate))
+    else:
+        out[i, r] = value
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _linear_rows(codes, alpha, k, bias, r, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated):
+    """Row r of the matrix times every row i of xs, plus bias[r], put into out[i, r] (_put):
+    ROW_GROUP rows of x at a time share the decoding of the weight row."""
+    extra = bias[r] if bias.size else np.float32(0.0)
+    rows = xs.shape[0]
+    grouped = rows - rows % ROW_GROUP
+    for i in range(0, grouped, ROW_GROUP):
+        v0, v1, v2, v3 = _row4(codes, alpha, k, r, xs, xds, xos, xsums, nibbles, block, xqs, xscales, i)
+        _put(out, i, r, v0 + extra, gated)
+        _put(out, i + 1, r, v1 + extra, gated)
+        _put(out, i + 2, r, v2 + extra, gated)
+        _put(out, i + 3, r, v3 + extra, gated)
+    for i in range(grouped, rows):
+        value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
+        _put(out, i, r, value + extra, gated)
+
+
 @numba.njit(**_KERNEL)
 def prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale):
     """Block sums of x; for int4 its even/odd split as (xe - 16*xo, xo); when xq is not empty,
@@ -174,11 +301,9 @@ def _group_span_rows(item, codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, bl
                      out_t):
     """_group_span for every row i of xs, out_t[m] [rows, oc]: the span's weight rows stay in cache."""
     m = spans[item, 0]
-    codes, alpha, k, bias, out = codes_t[m], alpha_t[m], k_t[m], bias_t[m], out_t[m]
-    for i in range(xs.shape[0]):
-        for r in range(spans[item, 1], spans[item, 2]):
-            value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
-            out[i, r] = value + bias[r] if bias.size else value
+    for r in range(spans[item, 1], spans[item, 2]):
+        _linear_rows(codes_t[m], alpha_t[m], k_t[m], bias_t[m], r, xs, nibbles, block, xds, xos, xsums, xqs,
+                     xscales, out_t[m], False)
 
 
 @numba.njit(parallel=True, **_KERNEL)
@@ -243,9 +368,12 @@ def gemv_gated_serial(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, 
 
 @numba.njit(inline="always", **_KERNEL)
 def _gated_span_rows(start, codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out):
-    for i in range(xs.shape[0]):
-        _gated_span(start, codes_t, alpha_t, k_t, bias_t, xs[i], nibbles, block, xds[i], xos[i], xsums[i], xqs[i],
-                    xscales[i], out[i])
+    """_gated_span for every row of xs: the gate rows of the span, then its up rows."""
+    stop = min(out.shape[1], start + GATED_SPAN)
+    for member in range(2):
+        for r in range(start, stop):
+            _linear_rows(codes_t[member], alpha_t[member], k_t[member], bias_t[member], r, xs, nibbles, block, xds,
+                         xos, xsums, xqs, xscales, out, member == 1)
 
 
 @numba.njit(parallel=True, **_KERNEL)
