@@ -82,7 +82,14 @@ def llama_bench_command(backend: str, args) -> list[str]:
 
 def run_llama_cpp(backend: str, args) -> dict:
     command = llama_bench_command(backend, args)
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=args.timeout)
+    # llama.cpp's Vulkan backend skips CPU devices such as lavapipe unless they are listed by index
+    env = os.environ | {"GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=args.timeout, env=env)
+    dropped = [line for line in done.stderr.splitlines() if "unsupported device" in line or "does not support" in line]
+    if dropped and backend != "cpu":
+        # e.g. its OpenCL backend on a device without cl_khr_fp16: every op would run on its CPU backend
+        raise RuntimeError(f"llama.cpp dropped the {backend} device, so it has no {backend} figure:\n"
+                           + "\n".join(dropped))
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp {backend} run failed (exit {done.returncode}): {' '.join(command)}\n"
                            f"{done.stderr[-3000:]}")
