@@ -10,6 +10,10 @@ above the tokenizer's range are simply never produced by encoding.
     pip install -e '.[fixtures]'
     python tools/make_bench_model.py                  # about 3-5 minutes, ~3 GB of RAM at peak
     python tools/make_bench_model.py --out /elsewhere
+    python tools/make_bench_model.py --hf-out bench_models/qwen2_5_0_5b_shape_hf   # also keep the HF folder
+
+--hf-out keeps the HuggingFace folder the export was made from, so that another engine's converter
+(llama.cpp's convert_hf_to_gguf.py, see tools/build_llama_cpp.sh) starts from the same weights.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ def build_hf_model(hf_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Make the Qwen2.5-0.5B-shaped benchmark model.")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--hf-out", type=Path, help="also keep the HuggingFace folder the export was made from")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir, export_dir = Path(tmp) / "hf", Path(tmp) / "mnn"
+        hf_dir, export_dir = args.hf_out or Path(tmp) / "hf", Path(tmp) / "mnn"
         started = time.time()
         build_hf_model(hf_dir)
         built = time.time()
