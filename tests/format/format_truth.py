@@ -66,7 +66,35 @@ def hf_tensors(name: str) -> dict[str, np.ndarray]:
         # the exporter writes an expert's gate and up projections as one gate_up linear, gate rows first
         up = tensors[gate.replace(".gate_proj.", ".up_proj.")]
         tensors[gate.replace(".gate_proj.", ".gate_up_proj.")] = np.concatenate([tensors[gate], up])
+    add_exporter_names(tensors, hf_config(name))
     return tensors
+
+
+# the exporter's names for tensors some families name or pack their own way
+RENAMED = {".self_attn.dense.": ".self_attn.o_proj.",              # Phi-2
+           "model.final_layernorm.": "model.norm.",                # Phi-2
+           ".self_attn.query_layernorm.": ".self_attn.q_norm.",    # Hunyuan
+           ".self_attn.key_layernorm.": ".self_attn.k_norm."}
+
+
+def add_exporter_names(tensors: dict, hf: dict) -> None:
+    """Alias renamed tensors, and split Phi-3's packed qkv_proj (q, k, v rows) and gate_up_proj
+    (gate rows, then up rows) into the linears the exporter writes."""
+    for key in list(tensors):
+        for source, exported in RENAMED.items():
+            if source in key:
+                tensors[key.replace(source, exported)] = tensors[key]
+        if key.endswith(".qkv_proj.weight"):
+            head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+            q_rows, kv_rows = hf["num_attention_heads"] * head_dim, hf["num_key_value_heads"] * head_dim
+            q, k, v = np.split(tensors[key], [q_rows, q_rows + kv_rows])
+            assert v.shape[0] == kv_rows
+            for proj, rows in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                tensors[key.replace("qkv_proj", proj)] = rows
+        if key.endswith(".mlp.gate_up_proj.weight") and ".experts." not in key:
+            gate, up = np.split(tensors[key], 2)
+            tensors[key.replace("gate_up_proj", "gate_proj")] = gate
+            tensors[key.replace("gate_up_proj", "up_proj")] = up
 
 
 def hf_linear_name(op_name: str, tensors: dict) -> str:
@@ -82,9 +110,11 @@ def hf_linear_name(op_name: str, tensors: dict) -> str:
 
 
 def linears_per_layer(hf: dict) -> int:
-    """q, k, v, o, then gate, up, down; or for a MoE layer its router and each expert's gate_up and down."""
+    """q, k, v, o, then gate, up, down (Phi-2: fc1, fc2, no gate; Phi-3: gate_up packed, down); or for
+    a MoE layer its router and each expert's gate_up and down."""
     experts = hf.get("num_local_experts", 0)
-    return 4 + (1 + 2 * experts if experts else 3)
+    mlp = 2 if hf["model_type"] in ("phi", "phi3") else 3
+    return 4 + (1 + 2 * experts if experts else mlp)
 
 
 def hf_norm_name(op_name: str) -> str:
