@@ -59,15 +59,21 @@ def fake_quantize(weight: np.ndarray, bits: int, block: int, symmetric: bool) ->
 def float64_source_model(name: str, options: dict):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name / "hf", dtype=torch.float64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name / "hf", dtype=torch.float64,
+                                                              experts_implementation="eager")
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head.weight.data_ptr() == embed.weight.data_ptr()
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                stored = fake_quantize(module.weight.numpy(), options["quant_bit"], options["quant_block"],
-                                       options["sym"])
-                module.weight.copy_(torch.from_numpy(stored))
+            if isinstance(module, torch.nn.Embedding):
+                continue
+            # nn.Linear weights, a MoE router's weight, and the experts' stacked [expert, out, in] weights
+            for weight in module.parameters(recurse=False):
+                if weight.ndim >= 2:
+                    rows = weight.numpy().reshape(-1, weight.shape[-2], weight.shape[-1])
+                    stored = np.stack([fake_quantize(m, options["quant_bit"], options["quant_block"],
+                                                     options["sym"]) for m in rows])
+                    weight.copy_(torch.from_numpy(stored.reshape(weight.shape)))
         if not tied:
             table = embed.weight.float()
             if options["embed_bit"] == 16:
