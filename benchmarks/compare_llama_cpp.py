@@ -30,8 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from compare_mnn import read_bandwidth_gbs
-from machine import cpu_description
+from machine import cpu_description, read_bandwidth_gbs
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")

@@ -22,11 +22,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from machine import cpu_description
+from machine import cpu_description, read_bandwidth_gbs
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
@@ -86,26 +85,6 @@ def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int
     return {"engine": engine, "load_s": load_s, "prefill_tok_s": prompt / prefill_s,
             "decode_tok_s": decode / decode_s if decode else 0.0, "rss_load_mb": rss_load,
             "rss_peak_mb": peak_rss_mb()}
-
-
-# ---- the machine's read bandwidth ---------------------------------------------------------------
-
-def read_bandwidth_gbs(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
-    """Best GB/s of summing a large float32 array split over `threads` threads (numpy frees the GIL)."""
-    import numpy as np
-
-    data = np.ones(megabytes * (1 << 20) // 4, dtype=np.float32)
-    parts = np.array_split(data, threads)
-    best = 0.0
-    for _ in range(repeats):
-        workers = [threading.Thread(target=part.sum) for part in parts]
-        start = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
-    return best
 
 
 # ---- the driver ---------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mnngpu import llm as mnngpu_llm  # noqa: E402
+from mnngpu import jit
+from mnngpu import llm as mnngpu_llm
 
 CODE = '''def clamp(value, low, high):
     """value, moved into [low, high]."""
@@ -84,8 +85,10 @@ def main() -> int:
     ar = load(args.model, args.threads, args.precision, "", args.draft_length)
     spec = load(args.model, args.threads, args.precision, "lookahead", args.draft_length)
     ids = ar.tokenizer_encode(text * args.repeats)
-    decode(ar, ids[:8], 2)   # warm-up: kernel compilation
-    decode(spec, ids[:8], 2)
+    for model in (ar, spec):   # warm-up: kernel compilation, then the compiled kernels' first run
+        decode(model, ids, 4)
+        jit.wait_for_compiles()
+        decode(model, ids, 4)
     ar_speeds, spec_speeds = [], []
     for _ in range(args.rounds):
         ar_out, ar_speed = decode(ar, ids, args.tokens)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
+import time
 from pathlib import Path
+
+import numpy as np
 
 # x86 and Arm feature names (as /proc/cpuinfo spells them) that decide which instructions run
 SPEED_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -29,6 +33,22 @@ def cpu_description() -> str:
         pass
     listed = [name for name in SPEED_FEATURES if name in features]
     return f"CPU: {model}, {os.cpu_count()} cores, {' '.join(listed) or 'no listed ISA extensions'}"
+
+
+def read_bandwidth_gbs(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """Best GB/s of summing a large float32 array split over `threads` threads (numpy frees the GIL)."""
+    data = np.ones(megabytes * (1 << 20) // 4, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=part.sum) for part in parts]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
+    return best
 
 
 if __name__ == "__main__":

@@ -120,6 +120,17 @@ def random_levels(rng: np.random.Generator, oc: int, ic: int, bits: int, block: 
     return levels, scales, zeros
 
 
+def integer_chunks(x: np.ndarray, levels: int = 32767, chunk: int = 64) -> np.ndarray:
+    """x [rows, n] as an integer kernel sees it: every run of `chunk` values of a row rounded to
+    the nearest multiple of its step, max|run| / levels (float32 arithmetic, as the kernel's)."""
+    runs = np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1, chunk)
+    peak = np.abs(runs).max(axis=-1, keepdims=True)
+    step = np.where(peak > 0, peak / np.float32(levels), np.float32(1.0)).astype(np.float32)
+    rounded = np.rint(runs * (np.float32(1.0) / step))
+    assert np.abs(rounded).max() <= levels
+    return (rounded.astype(np.float64) * step).reshape(x.shape)
+
+
 def pack_high_nibble_first(levels: np.ndarray) -> np.ndarray:
     """MNN's int4 byte order: element 2i in the high nibble of byte i."""
     return (levels[:, 0::2] << 4 | levels[:, 1::2]).astype(np.uint8)

@@ -23,18 +23,29 @@ from tests import reference
 RNG_SEED = 7
 
 
-def _layer(rng, oc: int, ic: int, bits: int, block: int):
-    """(codes, alpha, k) in the kernels' layout, and the float64 weights they stand for."""
-    levels, scales, zeros = reference.random_levels(rng, oc, ic, bits, block)
-    codes = reference.pack_high_nibble_first(levels) if bits == 4 else levels
-    alpha = np.ascontiguousarray(np.stack([zeros, scales], axis=-1))   # (min, scale), k = 0
-    weights = levels.astype(np.float64) * np.repeat(scales, block, 1) + np.repeat(zeros, block, 1)
-    return codes, alpha, np.float32(0.0), weights
+class _Layer:
+    """codes, alpha, k in the kernels' layout, and the float64 weights they stand for, as the
+    levels' part (levels * scale) and the zero points' part."""
+
+    def __init__(self, rng, oc: int, ic: int, bits: int, block: int):
+        levels, scales, zeros = reference.random_levels(rng, oc, ic, bits, block)
+        self.codes = reference.pack_high_nibble_first(levels) if bits == 4 else levels
+        self.alpha = np.ascontiguousarray(np.stack([zeros, scales], axis=-1))   # (min, scale), k = 0
+        self.k = np.float32(0.0)
+        self.level_part = levels.astype(np.float64) * np.repeat(scales, block, 1)
+        self.zero_part = np.repeat(zeros, block, 1).astype(np.float64)
+        self.weights = self.level_part + self.zero_part
+
+    def times(self, x: np.ndarray, quantized: bool) -> np.ndarray:
+        """x [..., ic] times the layer; quantized: as precision low's integer kernels compute it."""
+        if not quantized:
+            return x @ self.weights.T
+        rows = reference.integer_chunks(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        return rows @ self.level_part.T + x @ self.zero_part.T
 
 
-def _gemv_scratch(ic: int, block: int) -> tuple:
-    return (np.empty(ic // 2, np.float32), np.empty(ic // 2, np.float32), np.empty(ic // block, np.float32),
-            np.empty(0, np.int16), np.empty(0, np.float32))
+def _gemv_scratch(ic: int, block: int, quantized: bool = False) -> tuple:
+    return tuple(buffer[0] for buffer in kernels.row_buffers(1, ic, block, quantized))
 
 
 def _both(kernel, make_args, outputs: tuple[int, ...]) -> list[tuple]:
@@ -46,63 +57,69 @@ def _both(kernel, make_args, outputs: tuple[int, ...]) -> list[tuple]:
     return [(got_kernel[i], got_twin[i]) for i in outputs]
 
 
-@pytest.mark.parametrize("bits, block", [(4, 64), (4, 32), (8, 64), (8, 0)])
+def _matrices(layers: list[_Layer]) -> tuple:
+    return (tuple(layer.codes for layer in layers), tuple(layer.alpha for layer in layers),
+            tuple(layer.k for layer in layers))
+
+
+@pytest.mark.parametrize("bits, block, quantized", [(4, 64, False), (4, 64, True), (4, 128, True), (4, 32, False),
+                                                    (8, 64, False), (8, 0, False)])
 @pytest.mark.parametrize("kernel", [kernels.gemv_group, kernels.gemv_group_serial])
-def test_gemv_group_twin(kernel, bits, block):
+def test_gemv_group_twin(kernel, bits, block, quantized):
     rng = np.random.default_rng(RNG_SEED)
-    ic = 128
+    ic = 256
     block = block or ic
-    layers = [_layer(rng, oc, ic, bits, block) for oc in (96, 40)]
+    layers = [_Layer(rng, oc, ic, bits, block) for oc in (96, 40)]
     bias = [rng.normal(size=96).astype(np.float32), np.zeros(0, np.float32)]
     x = rng.normal(size=ic).astype(np.float32)
 
     def args():
-        return (tuple(c for c, _, _, _ in layers), tuple(a for _, a, _, _ in layers),
-                tuple(k for _, _, k, _ in layers), tuple(bias), kernels.row_spans([96, 40]), x, bits == 4,
-                block, *_gemv_scratch(ic, block), (np.empty(96, np.float32), np.empty(40, np.float32)))
+        return (*_matrices(layers), tuple(bias), kernels.row_spans([96, 40]), x, bits == 4,
+                block, *_gemv_scratch(ic, block, quantized), (np.empty(96, np.float32), np.empty(40, np.float32)))
 
     (compiled, twin), = _both(kernel, args, (13,))
-    for m, (_, _, _, weights) in enumerate(layers):
-        want = weights @ x + (bias[m] if bias[m].size else 0)
+    for m, layer in enumerate(layers):
+        want = layer.times(x, quantized) + (bias[m] if bias[m].size else 0)
         reference.assert_close(compiled[m], want, 1e-5)
         reference.assert_close(twin[m], want, 1e-5)
 
 
 @pytest.mark.parametrize("rows", [3, 6])   # 6: a group of four rows sharing the weights, then two
+@pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("kernel", [kernels.gemv_rows_group, kernels.gemv_rows_group_serial])
-def test_gemv_rows_group_twin(kernel, rows):
+def test_gemv_rows_group_twin(kernel, rows, quantized):
     rng = np.random.default_rng(RNG_SEED)
     ic, block = 128, 64
-    layers = [_layer(rng, oc, ic, 4, block) for oc in (96, 40)]
+    layers = [_Layer(rng, oc, ic, 4, block) for oc in (96, 40)]
     empty = np.zeros(0, np.float32)
     xs = rng.normal(size=(rows, ic)).astype(np.float32)
-    scratch = [np.stack([buffer] * rows) for buffer in _gemv_scratch(ic, block)]   # one per row of x
 
     def args():
-        return (tuple(c for c, _, _, _ in layers), tuple(a for _, a, _, _ in layers),
-                tuple(k for _, _, k, _ in layers), (empty, empty), kernels.row_spans([96, 40]), xs, True, block,
-                *scratch, (np.empty((rows, 96), np.float32), np.empty((rows, 40), np.float32)))
+        return (*_matrices(layers), (empty, empty), kernels.row_spans([96, 40]), xs, True, block,
+                *kernels.row_buffers(rows, ic, block, quantized),
+                (np.empty((rows, 96), np.float32), np.empty((rows, 40), np.float32)))
 
     (compiled, twin), = _both(kernel, args, (13,))
-    for m, (_, _, _, weights) in enumerate(layers):
-        reference.assert_close(compiled[m], xs @ weights.T, 1e-5)
-        reference.assert_close(twin[m], xs @ weights.T, 1e-5)
+    for m, layer in enumerate(layers):
+        reference.assert_close(compiled[m], layer.times(xs, quantized), 1e-5)
+        reference.assert_close(twin[m], layer.times(xs, quantized), 1e-5)
 
 
+@pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("kernel", [kernels.gemv_gated, kernels.gemv_gated_serial])
-def test_gemv_gated_twin(kernel):
+def test_gemv_gated_twin(kernel, quantized):
     rng = np.random.default_rng(RNG_SEED)
     ic, oc, block = 128, 80, 64
-    gate, up = _layer(rng, oc, ic, 4, block), _layer(rng, oc, ic, 4, block)
+    gate, up = _Layer(rng, oc, ic, 4, block), _Layer(rng, oc, ic, 4, block)
     x = rng.normal(size=ic).astype(np.float32)
     empty = np.zeros(0, np.float32)
 
     def args():
-        return ((gate[0], up[0]), (gate[1], up[1]), (gate[2], up[2]), (empty, empty), x, True, block,
-                *_gemv_scratch(ic, block), np.empty(oc, np.float32))
+        return (*_matrices([gate, up]), (empty, empty), x, True, block,
+                *_gemv_scratch(ic, block, quantized), np.empty(oc, np.float32))
 
     (compiled, twin), = _both(kernel, args, (12,))
-    want = reference.silu_mul(up[3] @ x, gate[3] @ x)
+    want = reference.silu_mul(up.times(x, quantized), gate.times(x, quantized))
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)
 
@@ -110,14 +127,14 @@ def test_gemv_gated_twin(kernel):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_dequantize_rows_twin(bits):
     rng = np.random.default_rng(RNG_SEED)
-    codes, alpha, k, weights = _layer(rng, 48, 128, bits, 32)
+    layer = _Layer(rng, 48, 128, bits, 32)
 
     def args():
-        return codes, alpha, k, bits == 4, 32, 8, np.empty((24, 128), np.float32)
+        return layer.codes, layer.alpha, layer.k, bits == 4, 32, 8, np.empty((24, 128), np.float32)
 
     (compiled, twin), = _both(kernels.dequantize_rows, args, (6,))
-    reference.assert_close(compiled, weights[8:32], 1e-6)
-    reference.assert_close(twin, weights[8:32], 1e-6)
+    reference.assert_close(compiled, layer.weights[8:32], 1e-6)
+    reference.assert_close(twin, layer.weights[8:32], 1e-6)
 
 
 @pytest.mark.parametrize("kernel, shape", [(kernels.mul_silu, (5, 33)), (fastmath.silu_times, (70,))])
@@ -129,11 +146,12 @@ def test_silu_twins(kernel, shape):
     reference.assert_close(twin, reference.silu_mul(up, gate), 1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 4])   # a decode step, a verify block
 @pytest.mark.parametrize("int8, window", [(False, 0), (True, 0), (False, 4), (True, 5)])
-def test_attend_one_twin(int8, window):
+def test_attend_rows_twin(int8, window, rows):
     rng = np.random.default_rng(RNG_SEED)
-    heads, kv_heads, dim, capacity, total = 4, 2, 16, 32, 11
-    q = rng.normal(size=(heads, dim)).astype(np.float32)
+    heads, kv_heads, dim, capacity, past = 4, 2, 16, 32, 10
+    q = rng.normal(size=(rows, heads, dim)).astype(np.float32)
     keys, values = (rng.normal(size=(kv_heads, capacity, dim)).astype(np.float32) for _ in range(2))
     scales = [np.ones((kv_heads, capacity), np.float32), np.ones((kv_heads, capacity), np.float32)]
     if int8:   # codes and a scale per head and token, as the int8 KV cache stores them
@@ -142,15 +160,15 @@ def test_attend_one_twin(int8, window):
     scale = np.float32(dim ** -0.5)
 
     def args():
-        first = max(0, total - window) if window else 0
-        return (q, keys, scales[0], values, scales[1], first, total, scale, np.empty((heads, total), np.float32),
-                np.empty((heads, dim), np.float32))
+        return (q, keys, scales[0], values, scales[1], past, window, scale,
+                np.empty((rows, heads, past + rows), np.float32), np.empty((rows, heads, dim), np.float32))
 
-    (compiled, twin), = _both(attention.attend_one, args, (9,))
-    # the reference's layout: (seq, heads, dim), one query after total - 1 cached keys
+    (compiled, twin), = _both(attention.attend_rows, args, (9,))
+    # the reference's layout: (seq, heads, dim), the rows after `past` cached keys
+    total = past + rows
     k = (keys[:, :total] * scales[0][:, :total, None]).transpose(1, 0, 2)
     v = (values[:, :total] * scales[1][:, :total, None]).transpose(1, 0, 2)
-    want = reference.causal_attention(q[None], k, v, total - 1, float(scale), window)[0]
+    want = reference.causal_attention(q, k, v, past, float(scale), window)
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)
 

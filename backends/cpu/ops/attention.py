@@ -5,8 +5,9 @@ layout with seq first), mask. Like MNN's CPU kernel, the op masks causally itsel
 tokens the cache already holds (KVMeta); the mask input only names a key window (a sliding
 layer of a mix export: runtime.attention_mask), which hides keys `window` or more positions back.
 
-Decode (one query row) is a numba loop over the heads. Prefill multiplies with BLAS per KV
-head and block of queries, `QUERY_BLOCK` rows at a time, so the score matrix stays small.
+A decode step or a verify block (up to ROWS_KERNEL_MAX query rows) is a numba loop over the
+heads that reads each cached key and value once for all its rows. Prefill multiplies with BLAS
+per KV head and block of queries, `QUERY_BLOCK` rows at a time, so the score matrix stays small.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
 QUERY_BLOCK = 128   # query positions per prefill score tile
+ROWS_KERNEL_MAX = 8  # up to this many query rows (decode, a verify block), attend_rows; more, BLAS
 
 
 KV_STEP = 256   # cache capacity grows by half, in multiples of this many tokens
@@ -124,34 +126,53 @@ class KVCache:
         return end
 
 
+@numba.njit(inline="always", fastmath=True, cache=True, nogil=True)
+def _first_key(position, window):
+    """The first key position `position` sees: `window` back with a window, else 0."""
+    return max(0, position + 1 - window) if window > 0 else 0
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def attend_one(q, keys, key_scale, values, value_scale, first, total, scale, scores, out):
-    """One query row over the keys [first, total), heads over the threads. q, out [heads, dim];
+def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
+    """A few query rows (a decode step, a verify block) over the cached keys, heads over the threads.
+    q, out [rows, heads, dim]: row r is position past + r and sees keys [_first_key, past + r].
     keys, values [kv_heads, capacity, dim], float32 or int8 codes, each token's row times its
-    key_scale / value_scale [kv_heads, capacity] entry; scores [heads, >= total] work space."""
-    heads, dim = q.shape
+    key_scale / value_scale [kv_heads, capacity] entry; scores [rows, heads, >= past + rows] work
+    space. Each key and value row is read once for all the query rows, and a row's arithmetic
+    does not depend on how many rows there are: a verify row computes what its decode step would."""
+    rows, heads, dim = q.shape
     group = heads // keys.shape[0]
+    total = past + rows
+    lo = _first_key(past, window)
     for h in numba.prange(heads):
         g = h // group
-        best = np.float32(-np.inf)
-        for t in range(first, total):
-            s = np.float32(0.0)
+        for t in range(lo, total):
+            for r in range(rows):
+                if _first_key(past + r, window) <= t <= past + r:
+                    s = np.float32(0.0)
+                    for i in range(dim):
+                        s += q[r, h, i] * np.float32(keys[g, t, i])
+                    scores[r, h, t] = s * (scale * key_scale[g, t])
+        norms = np.empty(rows, dtype=np.float32)
+        for r in range(rows):
+            first, last = _first_key(past + r, window), past + r
+            best = np.float32(-np.inf)
+            for t in range(first, last + 1):
+                best = max(best, scores[r, h, t])
+            norm = np.float32(0.0)
+            for t in range(first, last + 1):
+                e = fastmath.exp(scores[r, h, t] - best)
+                scores[r, h, t] = e
+                norm += e
+            norms[r] = norm
             for i in range(dim):
-                s += q[h, i] * np.float32(keys[g, t, i])
-            s *= scale * key_scale[g, t]
-            scores[h, t] = s
-            best = max(best, s)
-        norm = np.float32(0.0)
-        for t in range(first, total):
-            e = fastmath.exp(scores[h, t] - best)
-            scores[h, t] = e
-            norm += e
-        for i in range(dim):
-            out[h, i] = 0.0
-        for t in range(first, total):
-            p = scores[h, t] / norm * value_scale[g, t]
-            for i in range(dim):
-                out[h, i] += p * np.float32(values[g, t, i])
+                out[r, h, i] = 0.0
+        for t in range(lo, total):
+            for r in range(rows):
+                if _first_key(past + r, window) <= t <= past + r:
+                    p = scores[r, h, t] / norms[r] * value_scale[g, t]
+                    for i in range(dim):
+                        out[r, h, i] += p * np.float32(values[g, t, i])
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -178,16 +199,17 @@ def causal_softmax(scores, rows_per_query, first_visible, window):
             scores[r, t] = 0.0
 
 
-@jit.twin_of(attend_one)
-def attend_one_numpy(q, keys, key_scale, values, value_scale, first, total, scale, scores, out):
-    group = q.shape[0] // keys.shape[0]
-    span = slice(first, total)
-    k = np.repeat(keys[:, span] * key_scale[:, span, None], group, axis=0)      # (heads, total - first, dim)
-    v = np.repeat(values[:, span] * value_scale[:, span, None], group, axis=0)
-    s = np.einsum("hd,htd->ht", q, k) * np.float32(scale)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    out[:] = np.einsum("ht,htd->hd", p, v)
+@jit.twin_of(attend_rows)
+def attend_rows_numpy(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
+    group = q.shape[1] // keys.shape[0]
+    for r in range(q.shape[0]):
+        span = slice(_first_key(past + r, window), past + r + 1)
+        k = np.repeat(keys[:, span] * key_scale[:, span, None], group, axis=0)      # (heads, keys, dim)
+        v = np.repeat(values[:, span] * value_scale[:, span, None], group, axis=0)
+        s = np.einsum("hd,htd->ht", q[r], k) * np.float32(scale)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out[r] = np.einsum("ht,htd->hd", p, v)
 
 
 @jit.twin_of(causal_softmax)
@@ -243,7 +265,7 @@ class CPUAttention(CPUExecution):
         self.k_new = self.value(self.inputs[1]).reshape(seq, kvh, dim).transpose(1, 0, 2)
         self.v_new = self.value(self.inputs[2]).reshape(seq, kvh, dim).transpose(1, 0, 2)
         self.out = self.outputs[0].device.reshape(seq, self.heads, dim)
-        self.attend_one = None
+        self.attend_rows = None
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         cache = self._cache()
@@ -251,15 +273,13 @@ class CPUAttention(CPUExecution):
         past = cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
         cache.ensure(past + self.seq)
         cache.store(past, self.k_new, self.v_new)
-        if self.seq == 1:
-            scores = self.backend.scratch("attention_scores", (self.heads, past + 1))
+        if self.seq <= ROWS_KERNEL_MAX:
+            scores = self.backend.scratch("attention_scores", (self.seq, self.heads, past + self.seq))
             key_scale, value_scale = cache.scales()
-            first = max(0, past + 1 - self.window) if self.window else 0
-            args = (self.q[0], cache.k, key_scale, cache.v, value_scale, first, past + 1, self.scale, scores,
-                    self.out[0])
-            if self.attend_one is None:   # the same argument types every step
-                self.attend_one = jit.runnable(attend_one, args)
-            self.attend_one(*args)
+            args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, scores, self.out)
+            if self.attend_rows is None:   # the same argument types every step
+                self.attend_rows = jit.runnable(attend_rows, args)
+            self.attend_rows(*args)
         else:
             keys, values = cache.floats(past + self.seq)
             attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel, self.window)

@@ -18,40 +18,53 @@ _I32 = ir.IntType(32)
 _PREFETCH_TYPE = ir.FunctionType(ir.VoidType(), [_BYTE_PTR, _I32, _I32, _I32])
 
 
+def _prefetch_address(builder, address) -> None:
+    """Read-prefetch into all cache levels (llvm.prefetch: read, locality 3, data cache)."""
+    function = cgutils.get_or_insert_function(builder.module, _PREFETCH_TYPE, "llvm.prefetch.p0i8")
+    builder.call(function, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 @intrinsic
 def prefetch(typingctx, array, byte_offset):
-    """Read-prefetch into all cache levels (llvm.prefetch: read, locality 3, data cache)."""
+    """_prefetch_address of `array`'s data pointer + byte_offset."""
     if not isinstance(array, types.Array) or not isinstance(byte_offset, types.Integer):
         return None
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        base = builder.bitcast(data, _BYTE_PTR)
         offset = context.cast(builder, args[1], signature.args[1], types.intp)
-        address = builder.gep(base, [offset])
-        function = cgutils.get_or_insert_function(builder.module, _PREFETCH_TYPE, "llvm.prefetch.p0i8")
-        builder.call(function, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        _prefetch_address(builder, builder.gep(builder.bitcast(data, _BYTE_PTR), [offset]))
         return context.get_dummy_value()
 
     return types.void(array, byte_offset), codegen
 
 
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
+_V32I8 = ir.VectorType(ir.IntType(8), 32)
 _V16I16 = ir.VectorType(ir.IntType(16), 16)
+_V32I16 = ir.VectorType(ir.IntType(16), 32)
 _V8I32 = ir.VectorType(_I32, 8)
 _V16I32 = ir.VectorType(_I32, 16)
+CHUNK_CODE_BYTES = 32   # one chunk: 64 int4 weights ...
+CHUNK_X_BYTES = 128     # ... and 64 int16 activations
 
 
-def has_vnni() -> bool:
-    """True when numba's target CPU has a 256-bit int16 dot product (AVX-VNNI, or AVX512-VNNI + VL)."""
+def vnni_width() -> int:
+    """The widest int16 dot-product instruction of numba's target CPU, in bits: 512 (AVX512-VNNI
+    with AVX512-BW), 256 (AVX-VNNI, or AVX512-VNNI + VL), or 0 (none: plain vector IR)."""
     import llvmlite.binding as llvm
     import numba
 
     features = set((numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()).split(","))
-    return "+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features
+    if {"+avx512vnni", "+avx512bw", "+avx512f"} <= features:
+        return 512
+    if "+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features:
+        return 256
+    return 0
 
 
-VNNI = has_vnni()
+VNNI_WIDTH = vnni_width()
+DOT_LANES = 8 if VNNI_WIDTH == 256 else 16   # int32 partial sums per chunk dot (_dot_words)
 
 
 def _load(builder, base, offset: int, vector_type):
@@ -60,9 +73,13 @@ def _load(builder, base, offset: int, vector_type):
 
 
 def _nibble_words(builder, code_ptr) -> list:
-    """The 64 nibbles of the 32 code bytes at code_ptr as four v16i16, in the order of the int16
-    x layout [xe (32) | xo (32)]: (high nibbles 0-15, low 0-15, high 16-31, low 16-31), each with
-    its byte offset into that layout."""
+    """The 64 nibbles of the 32 code bytes at code_ptr as int16 vectors, each with its byte offset
+    into the int16 x layout [xe (32) | xo (32)]: (high nibbles 0-31, 0) and (low 0-31, 64) in one
+    v32i16 each at 512 bits, else split in halves of v16i16."""
+    if VNNI_WIDTH == 512:
+        codes = builder.zext(_load(builder, code_ptr, 0, _V32I8), _V32I16)
+        return [(builder.lshr(codes, ir.Constant(_V32I16, [4] * 32)), 0),
+                (builder.and_(codes, ir.Constant(_V32I16, [15] * 32)), 64)]
     four, fifteen = ir.Constant(_V16I16, [4] * 16), ir.Constant(_V16I16, [15] * 16)
     words = []
     for half in range(2):
@@ -73,15 +90,16 @@ def _nibble_words(builder, code_ptr) -> list:
 
 
 def _dot_words(builder, words, x_ptr):
-    """sum over the four (nibbles, offset) pairs of nibbles * the int16 x at x_ptr + offset, as a
-    vector of int32 partial sums (v8i32 with VNNI, v16i32 without)."""
-    if VNNI:
-        dot_type = ir.FunctionType(_V8I32, [_V8I32, _V8I32, _V8I32])
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpwssd.256")
-        acc = ir.Constant(_V8I32, [0] * 8)
+    """sum over the (nibbles, offset) pairs of nibbles * the int16 x at x_ptr + offset, as a vector
+    of DOT_LANES int32 partial sums."""
+    if VNNI_WIDTH:
+        acc_type = _V16I32 if VNNI_WIDTH == 512 else _V8I32
+        dot_type = ir.FunctionType(acc_type, [acc_type] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, f"llvm.x86.avx512.vpdpwssd.{VNNI_WIDTH}")
+        acc = ir.Constant(acc_type, [0] * acc_type.count)
         for codes16, offset in words:
-            x16 = _load(builder, x_ptr, offset, _V16I16)
-            acc = builder.call(dot, [acc, builder.bitcast(codes16, _V8I32), builder.bitcast(x16, _V8I32)])
+            x16 = _load(builder, x_ptr, offset, codes16.type)
+            acc = builder.call(dot, [acc, builder.bitcast(codes16, acc_type), builder.bitcast(x16, acc_type)])
         return acc
     acc = None
     for codes16, offset in words:
@@ -91,76 +109,141 @@ def _dot_words(builder, words, x_ptr):
     return acc
 
 
-def _pointers(context, builder, signature, args) -> tuple:
-    """(code pointer, [x pointer per int16 array]) for (codes, code_offset, *xq arrays, x_index)."""
-    code_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-    code_ptr = builder.gep(builder.bitcast(code_data, _BYTE_PTR), [args[1]])
-    x_index = args[-1]
-    x_ptrs = []
-    for array_type, array in zip(signature.args[2:-1], args[2:-1]):
-        x_data = context.make_array(array_type)(context, builder, array).data
-        x_ptrs.append(builder.gep(builder.bitcast(x_data, _BYTE_PTR),
-                                  [builder.mul(x_index, ir.Constant(x_index.type, 2))]))
-    return code_ptr, x_ptrs
+_F32 = ir.FloatType()
+_I64 = ir.IntType(64)
+PREFETCH_BYTES = 2048   # how far ahead of the chunk being read the codes are prefetched
 
 
-def _reduce_add(builder, vector):
-    reduce_type = ir.FunctionType(_I32, [vector.type])
-    name = f"llvm.vector.reduce.add.v{vector.type.count}i32"
-    return builder.call(cgutils.get_or_insert_function(builder.module, reduce_type, name), [vector])
+def _vector_fma(builder, a, b, c):
+    fma_type = ir.FunctionType(a.type, [a.type] * 3)
+    name = f"llvm.fma.v{a.type.count}f32"
+    return builder.call(cgutils.get_or_insert_function(builder.module, fma_type, name), [a, b, c])
 
 
-def _pair_sums(builder, x, y):
-    """[x0+x1, x2+x3, y0+y1, y2+y3, x4+x5, ...]: vphaddd's order, so it needs no lane crossing."""
-    evens = [i + offset for lane in (0, 4) for offset in (0, 8) for i in (lane, lane + 2)]
-    return builder.add(builder.shuffle_vector(x, y, ir.Constant(_V8I32, evens)),
-                       builder.shuffle_vector(x, y, ir.Constant(_V8I32, [i + 1 for i in evens])))
+def _splat(builder, value, vector_type):
+    single = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(single, single, ir.Constant(ir.VectorType(_I32, vector_type.count),
+                                                              [0] * vector_type.count))
 
 
-def _reduce_add4(builder, vectors) -> list:
-    """The element sums of four int32 vectors, sharing the shuffles of one reduction."""
-    if vectors[0].type.count == 16:   # fold to v8i32 first
-        low, high = ir.Constant(_V8I32, list(range(8))), ir.Constant(_V8I32, list(range(8, 16)))
-        vectors = [builder.add(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
-                   for v in vectors]
-    sums = _pair_sums(builder, _pair_sums(builder, vectors[0], vectors[1]),
-                      _pair_sums(builder, vectors[2], vectors[3]))   # [a, b, c, d] in each 128-bit lane
-    quarter = ir.VectorType(_I32, 4)
-    low = builder.shuffle_vector(sums, sums, ir.Constant(quarter, [0, 1, 2, 3]))
-    high = builder.shuffle_vector(sums, sums, ir.Constant(quarter, [4, 5, 6, 7]))
-    total = builder.add(low, high)
-    return [builder.extract_element(total, ir.Constant(_I32, i)) for i in range(4)]
+def _float_sum(builder, vector):
+    """The element sum of a float vector, halves folded onto each other (a tree, not a chain)."""
+    count = vector.type.count
+    while count > 1:
+        count //= 2
+        half = ir.VectorType(_I32, count)
+        vector = builder.fadd(builder.shuffle_vector(vector, vector, ir.Constant(half, list(range(count)))),
+                              builder.shuffle_vector(vector, vector, ir.Constant(half, list(range(count, 2 * count)))))
+    return builder.extract_element(vector, ir.Constant(_I32, 0))
+
+
+def _element_pointer(builder, base, index, element_bytes: int):
+    return builder.gep(base, [builder.mul(index, ir.Constant(_I64, element_bytes))])
+
+
+class _XRow:
+    """The byte pointers of one input row's int16 values, chunk steps and block sums, and the two
+    float accumulators of its dot with the weight row (in allocas, which LLVM keeps in registers)."""
+
+    def __init__(self, builder, pointers, sum_type):
+        self.xq, self.xscale, self.xsum = pointers
+        self.dot = cgutils.alloca_once_value(builder, ir.Constant(sum_type, [0.0] * sum_type.count))
+        self.pair = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 2), [0.0, 0.0]))
+
+
+def _row_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers) -> list:
+    """The int4 weight row times each input row at precision low:
+        sum_b scale_b * sum_{c in b} xscale_c * dot_c  +  sum_b (k * scale_b + min_b) * xsum_b
+    where chunk c is 32 code bytes (64 nibbles, high first) and 64 int16 x values laid out as
+    [even elements (32) | odd elements (32)], dot_c their integer dot product. The integer dots are
+    converted to floats as vectors and kept as vectors to the end of the row, so a chunk costs no
+    horizontal reduction; one reduction ends the row."""
+    sum_type = ir.VectorType(_F32, DOT_LANES)
+    rows = [_XRow(builder, pointers, sum_type) for pointers in x_pointers]
+    pair_type = ir.VectorType(_F32, 2)
+    with cgutils.for_range(builder, blocks) as block_loop:
+        b = block_loop.index
+        pair = builder.load(builder.bitcast(_element_pointer(builder, alpha_ptr, b, 8), pair_type.as_pointer()),
+                            align=4)
+        scale = builder.extract_element(pair, ir.Constant(_I32, 1))
+        _prefetch_address(builder, builder.gep(_element_pointer(builder, alpha_ptr, b, 8),
+                                               [ir.Constant(_I64, PREFETCH_BYTES // 4)]))
+        for row in rows:
+            xsum = builder.load(builder.bitcast(_element_pointer(builder, row.xsum, b, 4), _F32.as_pointer()))
+            builder.store(_vector_fma(builder, pair, _splat(builder, xsum, pair_type), builder.load(row.pair)),
+                          row.pair)
+        with cgutils.for_range(builder, chunks_per_block) as chunk_loop:
+            c = builder.add(builder.mul(b, chunks_per_block), chunk_loop.index)
+            chunk_ptr = _element_pointer(builder, code_ptr, c, CHUNK_CODE_BYTES)
+            _prefetch_address(builder, builder.gep(chunk_ptr, [ir.Constant(_I64, PREFETCH_BYTES)]))
+            words = _nibble_words(builder, chunk_ptr)
+            for row in rows:
+                x_ptr = _element_pointer(builder, row.xq, c, CHUNK_X_BYTES)
+                dots = builder.sitofp(_dot_words(builder, words, x_ptr), sum_type)
+                xscale = builder.load(builder.bitcast(_element_pointer(builder, row.xscale, c, 4), _F32.as_pointer()))
+                factor = _splat(builder, builder.fmul(scale, xscale), sum_type)
+                builder.store(_vector_fma(builder, dots, factor, builder.load(row.dot)), row.dot)
+    sums = []
+    for row in rows:
+        pair = builder.load(row.pair)
+        low = builder.fadd(builder.extract_element(pair, ir.Constant(_I32, 0)),
+                           builder.fmul(k, builder.extract_element(pair, ir.Constant(_I32, 1))))
+        sums.append(builder.fadd(_float_sum(builder, builder.load(row.dot)), low))
+    return sums
+
+
+def _data_pointer(context, builder, array_type, array, row=None):
+    """Byte pointer to `array`'s first element, or to the first element of its row `row` (2-D)."""
+    ary = context.make_array(array_type)(context, builder, array)
+    base = builder.bitcast(ary.data, _BYTE_PTR)
+    if row is None:
+        return base
+    stride = cgutils.unpack_tuple(builder, ary.strides, array_type.ndim)[0]
+    return builder.gep(base, [builder.mul(row, stride)])
+
+
+def _row_arguments(context, builder, signature, args):
+    """(code pointer, alpha pointer, k, chunks per block, blocks) from (codes, code_offset (bytes),
+    alpha, alpha_offset (floats), k, chunks_per_block, blocks, ...)."""
+    code_ptr = builder.gep(_data_pointer(context, builder, signature.args[0], args[0]), [args[1]])
+    alpha_base = _data_pointer(context, builder, signature.args[2], args[2])
+    alpha_ptr = builder.gep(alpha_base, [builder.mul(args[3], ir.Constant(_I64, 4))])
+    k = context.cast(builder, args[4], signature.args[4], types.float32)
+    return code_ptr, alpha_ptr, k, args[5], args[6]
 
 
 @intrinsic
-def dot_u4_s16(typingctx, codes, code_offset, xq, x_index):
-    """sum_j hi(c_j)*xe_j + lo(c_j)*xo_j over the 32 code bytes at `codes` + code_offset (bytes), with
-    the 64 int16 values from xq[x_index] laid out as [xe (32) | xo (32)]. int32 result.
-
-    With VNNI: four vpdpwssd and a reduction; without it the same sum as plain vector IR
-    (which LLVM turns into pmaddwd)."""
-    if not (isinstance(codes, types.Array) and isinstance(xq, types.Array)):
+def row_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xq, xscale, xsum):
+    """One int4 weight row times one input row at precision low (float32): see _row_sums. codes
+    uint8 with the row at byte code_offset; alpha float32 [oc, blocks, 2] (min, scale) with the row
+    at float alpha_offset; xq int16 [ic] in _row_sums's chunk layout, xscale [ic/64], xsum [blocks]."""
+    if not all(isinstance(a, types.Array) for a in (codes, alpha, xq, xscale, xsum)):
         return None
 
     def codegen(context, builder, signature, args):
-        code_ptr, (x_ptr,) = _pointers(context, builder, signature, args)
-        return _reduce_add(builder, _dot_words(builder, _nibble_words(builder, code_ptr), x_ptr))
+        head = _row_arguments(context, builder, signature, args)
+        x = [tuple(_data_pointer(context, builder, t, a) for t, a in zip(signature.args[7:], args[7:]))]
+        return _row_sums(builder, *head, x)[0]
 
-    return types.int32(codes, types.intp, xq, types.intp), codegen
+    return types.float32(codes, types.intp, alpha, types.intp, types.float32, types.intp, types.intp,
+                         xq, xscale, xsum), codegen
 
 
 @intrinsic
-def dot4_u4_s16(typingctx, codes, code_offset, xq0, xq1, xq2, xq3, x_index):
-    """dot_u4_s16 of the same 32 code bytes with four int16 vectors at once (a tuple of four int32):
-    the nibbles are unpacked once for all four."""
-    xqs = (xq0, xq1, xq2, xq3)
-    if not (isinstance(codes, types.Array) and all(isinstance(xq, types.Array) for xq in xqs)):
+def row4_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xqs, xscales,
+                xsums, first):
+    """row_u4_s16 for rows first..first+3 of the 2-D xqs, xscales and xsums (a tuple of four):
+    the weight row's nibbles are unpacked once for the four."""
+    if not all(isinstance(a, types.Array) for a in (codes, alpha, xqs, xscales, xsums)):
         return None
 
     def codegen(context, builder, signature, args):
-        code_ptr, x_ptrs = _pointers(context, builder, signature, args)
-        words = _nibble_words(builder, code_ptr)
-        sums = _reduce_add4(builder, [_dot_words(builder, words, x_ptr) for x_ptr in x_ptrs])
-        return context.make_tuple(builder, signature.return_type, sums)
+        head = _row_arguments(context, builder, signature, args)
+        x = []
+        for r in range(4):
+            row = builder.add(args[10], ir.Constant(_I64, r))
+            x.append(tuple(_data_pointer(context, builder, t, a, row) for t, a in zip(signature.args[7:10], args[7:10])))
+        return context.make_tuple(builder, signature.return_type, _row_sums(builder, *head, x))
 
-    return types.UniTuple(types.int32, 4)(codes, types.intp, *xqs, types.intp), codegen
+    return types.UniTuple(types.float32, 4)(codes, types.intp, alpha, types.intp, types.float32, types.intp,
+                                            types.intp, xqs, xscales, xsums, types.intp), codegen

@@ -13,7 +13,10 @@ so one byte needs a float conversion, a floor and two fused multiply-adds, all 3
 Indices are unsigned so that numba emits no negative-index wraparound in the inner loops.
 
 precision low: x is quantized to int16 per chunk of 64 (step max|x|/32767, far finer than the
-int4 weights) and each chunk's dot is four int16 dot-product instructions (intrinsics.dot_u4_s16).
+int4 weights) and a weight row's dot is int16 dot-product instructions with float vector
+accumulators (intrinsics.row_u4_s16). (int8 activations would halve the dot instructions, but
+measured on the fixtures they put the logits 3-20% of their std from MNN's, whose own precision
+low equals its precision high on x86: too coarse.)
 """
 
 from __future__ import annotations
@@ -24,13 +27,12 @@ from numba import prange
 
 from mnngpu import jit
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.backends.cpu.ops.intrinsics import dot4_u4_s16, dot_u4_s16, prefetch
+from mnngpu.backends.cpu.ops.intrinsics import PREFETCH_BYTES, prefetch, row4_u4_s16, row_u4_s16
 
 SIXTEENTH = np.float32(0.0625)
 HALF_64 = 32                  # bytes per int4 block of 64, the exporter's default block
-QUANT_CHUNK = 64              # activations per int16 step (one dot_u4_s16)
+QUANT_CHUNK = 64              # activations per int16 step (intrinsics.row_u4_s16's chunk)
 QUANT_LEVELS = np.float32(32767.0)
-PREFETCH_BYTES = 2048         # how far ahead of the row being read the codes are prefetched
 PREFETCH_ALPHA_ROWS = 8
 
 _KERNEL = {"fastmath": True, "cache": True, "nogil": True}
@@ -83,23 +85,8 @@ def _dot(codes, alpha, k, o, x, xd, xo, xsum, nibbles, width):
 @numba.njit(inline="always", **_KERNEL)
 def _dot_quantized(codes, alpha, k, o, xq, xscale, xsum, block):
     """One int4 row times x quantized to int16 (xq, xscale per chunk of QUANT_CHUNK)."""
-    row_bytes = codes.strides[0]
-    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
-    chunks = block // QUANT_CHUNK
-    acc = np.float32(0.0)
-    const = np.float32(0.0)
-    for b in range(xsum.size):
-        if b % 8 == 0:   # one cache line of a later row's (min, scale) pairs
-            prefetch(alpha, alpha_ahead + b * 8)
-        dot = np.float32(0.0)
-        for c in range(b * chunks, (b + 1) * chunks):
-            offset = o * row_bytes + c * (QUANT_CHUNK // 2)
-            prefetch(codes, offset + PREFETCH_BYTES)
-            dot += xscale[c] * np.float32(dot_u4_s16(codes, offset, xq, c * QUANT_CHUNK))
-        scale = alpha[o, b, 1]
-        acc += scale * dot
-        const += (k * scale + alpha[o, b, 0]) * xsum[b]
-    return acc + const
+    return row_u4_s16(codes, o * codes.strides[0], alpha, o * (alpha.strides[0] // 4), k, block // QUANT_CHUNK,
+                      xsum.size, xq, xscale, xsum)
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -113,7 +100,7 @@ def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block, xq, xscale):
     return _dot(codes, alpha, k, o, x, xd, xo, xsum, True, block // 2)
 
 
-ROW_GROUP = 4   # rows of x that share one decoding of a weight row (dot4_u4_s16's width)
+ROW_GROUP = 4   # rows of x that share one decoding of a weight row (row4_u4_s16's width)
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -171,39 +158,15 @@ def _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, nibbles, width):
 
 @numba.njit(inline="always", **_KERNEL)
 def _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block):
-    """_dot_quantized for rows i..i+3 of x (a tuple of four): each chunk's nibbles unpacked once."""
-    row_bytes = codes.strides[0]
-    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
-    chunks = block // QUANT_CHUNK
-    x0, x1, x2, x3 = xqs[i], xqs[i + 1], xqs[i + 2], xqs[i + 3]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(xsums.shape[1]):
-        if b % 8 == 0:
-            prefetch(alpha, alpha_ahead + b * 8)
-        d0 = d1 = d2 = d3 = np.float32(0.0)
-        for c in range(b * chunks, (b + 1) * chunks):
-            offset = o * row_bytes + c * (QUANT_CHUNK // 2)
-            prefetch(codes, offset + PREFETCH_BYTES)
-            q0, q1, q2, q3 = dot4_u4_s16(codes, offset, x0, x1, x2, x3, c * QUANT_CHUNK)
-            d0 += xscales[i, c] * np.float32(q0)
-            d1 += xscales[i + 1, c] * np.float32(q1)
-            d2 += xscales[i + 2, c] * np.float32(q2)
-            d3 += xscales[i + 3, c] * np.float32(q3)
-        scale = alpha[o, b, 1]
-        low = k * scale + alpha[o, b, 0]
-        a0 += scale * d0 + low * xsums[i, b]
-        a1 += scale * d1 + low * xsums[i + 1, b]
-        a2 += scale * d2 + low * xsums[i + 2, b]
-        a3 += scale * d3 + low * xsums[i + 3, b]
-    return a0, a1, a2, a3
+    """_dot_quantized for rows i..i+3 of x (a tuple of four): the weight row decoded once."""
+    return row4_u4_s16(codes, o * codes.strides[0], alpha, o * (alpha.strides[0] // 4), k, block // QUANT_CHUNK,
+                       xsums.shape[1], xqs, xscales, xsums, i)
 
 
 @numba.njit(inline="always", **_KERNEL)
 def _row4(codes, alpha, k, o, xs, xds, xos, xsums, nibbles, block, xqs, xscales, i):
     """_row for rows i..i+3 of x."""
     if xqs.shape[1]:
-        if block == QUANT_CHUNK:   # the exporter's default: one chunk a block, no chunk loop
-            return _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, QUANT_CHUNK)
         return _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block)
     if not nibbles:
         return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, False, block)
@@ -261,6 +224,15 @@ def prepare_x(x, block, nibbles, xd, xo, xsum, xq, xscale):
         for i in range(xd.size):
             xd[i] = x[2 * i] - np.float32(16.0) * x[2 * i + 1]
             xo[i] = x[2 * i + 1]
+
+
+def row_buffers(rows: int, ic: int, block: int, quantized: bool) -> tuple:
+    """prepare_x's outputs for `rows` rows of x: (xd, xo, xsum, xq, xscale), each [rows, ...];
+    xq and xscale are empty unless x is quantized (precision low)."""
+    return (np.empty((rows, ic // 2), dtype=np.float32), np.empty((rows, ic // 2), dtype=np.float32),
+            np.empty((rows, ic // block), dtype=np.float32),
+            np.empty((rows, ic if quantized else 0), dtype=np.int16),
+            np.empty((rows, ic // QUANT_CHUNK if quantized else 0), dtype=np.float32))
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -439,12 +411,28 @@ def dequantized(codes, alpha, k, nibbles, block, start, stop) -> np.ndarray:
     return ((q + k) * scales[:, :, 1:2] + scales[:, :, 0:1]).reshape(packed.shape[0], -1)
 
 
-def _matrix_times_x(codes, alpha, k, bias, x, nibbles, block, out) -> None:
-    """out [..., oc] = x [..., ic] times the matrix, plus bias: one row of x or several."""
+def integer_rounded(x: np.ndarray) -> np.ndarray:
+    """x [..., ic] as prepare_x quantizes it: each chunk of QUANT_CHUNK values rounded to steps of
+    max|chunk| / QUANT_LEVELS, back in float32."""
+    chunks = x.reshape(*x.shape[:-1], -1, QUANT_CHUNK)
+    peak = np.abs(chunks).max(axis=-1, keepdims=True)
+    step = np.where(peak > 0, peak / QUANT_LEVELS, np.float32(1.0)).astype(np.float32)
+    return (np.rint(chunks * (np.float32(1.0) / step)) * step).reshape(x.shape)
+
+
+def _matrix_times_x(codes, alpha, k, bias, x, nibbles, block, out, integer) -> None:
+    """out [..., oc] = x [..., ic] times the matrix, plus bias: one row of x or several. `integer`:
+    the codes times x rounded as the integer kernels round it, the (k * scale + min) part times x."""
     oc = out.shape[-1]
+    rounded = integer_rounded(x) if integer else x
     for start in range(0, oc, TWIN_ROWS):
         stop = min(oc, start + TWIN_ROWS)
-        out[..., start:stop] = x @ dequantized(codes, alpha, k, nibbles, block, start, stop).T
+        weights = dequantized(codes, alpha, k, nibbles, block, start, stop)
+        if integer:
+            offsets = np.repeat(k * alpha[start:stop, :, 1] + alpha[start:stop, :, 0], block, axis=1)
+            out[..., start:stop] = rounded @ (weights - offsets).T + x @ offsets.T
+        else:
+            out[..., start:stop] = x @ weights.T
     if bias.size:
         out += bias
 
@@ -457,7 +445,7 @@ def gemv_group_numpy(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd
     """Every member in full (the spans split the same rows for the threads); x in float32, one row
     [ic] (gemv_group) or a few [rows, ic] (gemv_rows_group)."""
     for m in range(len(codes_t)):
-        _matrix_times_x(codes_t[m], alpha_t[m], k_t[m], bias_t[m], x, nibbles, block, out_t[m])
+        _matrix_times_x(codes_t[m], alpha_t[m], k_t[m], bias_t[m], x, nibbles, block, out_t[m], xq.size > 0)
 
 
 @jit.twin_of(gemv_gated)
@@ -467,8 +455,8 @@ def gemv_group_numpy(codes_t, alpha_t, k_t, bias_t, spans, x, nibbles, block, xd
 def gemv_gated_numpy(codes_t, alpha_t, k_t, bias_t, x, nibbles, block, xd, xo, xsum, xq, xscale, out):
     gate = np.empty_like(out)
     up = np.empty_like(out)
-    _matrix_times_x(codes_t[0], alpha_t[0], k_t[0], bias_t[0], x, nibbles, block, gate)
-    _matrix_times_x(codes_t[1], alpha_t[1], k_t[1], bias_t[1], x, nibbles, block, up)
+    _matrix_times_x(codes_t[0], alpha_t[0], k_t[0], bias_t[0], x, nibbles, block, gate, xq.size > 0)
+    _matrix_times_x(codes_t[1], alpha_t[1], k_t[1], bias_t[1], x, nibbles, block, up, xq.size > 0)
     fastmath.silu_times_numpy(up, gate, out)
 
 

@@ -126,12 +126,7 @@ class CPULinear(CPUExecution):
             quantized = (self.backend.quantize_activations and first.nibbles
                          and first.block % kernels.QUANT_CHUNK == 0)
             rows = self.rows
-            # per input row: x's even/odd split, block sums, and its int16 form at precision low
-            self.buffers = (np.empty((rows, first.ic // 2), dtype=np.float32),
-                            np.empty((rows, first.ic // 2), dtype=np.float32),
-                            np.empty((rows, first.ic // first.block), dtype=np.float32),
-                            np.empty((rows, first.ic if quantized else 0), dtype=np.int16),
-                            np.empty((rows, first.ic // kernels.QUANT_CHUNK if quantized else 0), dtype=np.float32))
+            self.buffers = kernels.row_buffers(rows, first.ic, first.block, quantized)
             # big matrices are split over the threads; small ones run faster without the hand-off
             weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
             parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches]

@@ -1,0 +1,109 @@
+"""Read bandwidth of the CPU's quantized GEMV kernels on the 0.5B model's matrix shapes.
+
+    python benchmarks/gemv_speed.py [--threads 2] [--rows 1 4] [--precision low normal]
+
+Each shape is an int4 matrix, block 64, with random codes and (min, scale) pairs laid out as the
+weight file lays them, several copies of it so that every call reads from memory and not from
+cache. It prints the GB/s each kernel reads (codes + alpha bytes over the best time of a call)
+next to the machine's read bandwidth (machine.py), and the time per call in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
+
+from machine import cpu_description, read_bandwidth_gbs
+
+from mnngpu.backends.cpu.ops import linear_kernels as kernels
+
+BLOCK = 64
+COPIES_BYTES = 512 << 20   # how much weight memory the copies of one shape span
+SHAPES = {   # name: (member output sizes, input size)
+    "qkv": ((896, 128, 128), 896),
+    "o": ((896,), 896),
+    "gate+up": ((4864, 4864), 896),
+    "down": ((896,), 4864),
+    "lm_head": ((151936,), 896),
+}
+
+
+def matrix(rng, oc: int, ic: int):
+    codes = rng.integers(0, 256, size=(oc, ic // 2), dtype=np.uint8)
+    alpha = np.stack([rng.standard_normal((oc, ic // BLOCK)) * 0.01,
+                      rng.random((oc, ic // BLOCK)) * 0.002 + 1e-4], axis=-1).astype(np.float32)
+    return codes, alpha
+
+
+def call_args(rng, outs: tuple, ic: int, rows: int, quantized: bool, gated: bool) -> tuple:
+    members = [matrix(rng, oc, ic) for oc in outs]
+    codes_t, alpha_t = tuple(m[0] for m in members), tuple(m[1] for m in members)
+    k_t = tuple(np.float32(-8) for _ in outs)
+    bias_t = tuple(np.zeros(0, dtype=np.float32) for _ in outs)
+    xs = rng.standard_normal((rows, ic)).astype(np.float32)
+    buffers = kernels.row_buffers(rows, ic, BLOCK, quantized)
+    one = rows == 1
+    x = xs[0] if one else xs
+    bufs = tuple(b[0] for b in buffers) if one else buffers
+    if gated:
+        out = np.empty((rows, outs[0]), np.float32)
+        return (codes_t, alpha_t, k_t, bias_t, x, True, BLOCK, *bufs, out[0] if one else out)
+    spans = kernels.row_spans(list(outs))
+    out_t = tuple(np.empty((rows, oc), np.float32) for oc in outs)
+    return (codes_t, alpha_t, k_t, bias_t, spans, x, True, BLOCK, *bufs,
+            tuple(o[0] for o in out_t) if one else out_t)
+
+
+def kernel_for(rows: int, gated: bool):
+    if gated:
+        return kernels.gemv_gated if rows == 1 else kernels.gemv_rows_gated
+    return kernels.gemv_group if rows == 1 else kernels.gemv_rows_group
+
+
+def best_seconds(kernel, copies: list, repeats: int) -> float:
+    kernel(*copies[0])
+    best = float("inf")
+    for _ in range(repeats):
+        for args in copies:
+            start = time.perf_counter()
+            kernel(*args)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--precision", nargs="+", default=["low"], choices=["low", "normal"])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    import numba
+    numba.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    print(cpu_description())
+    print(f"read bandwidth {read_bandwidth_gbs(args.threads):.1f} GB/s; threads {args.threads}")
+    print(f"{'shape':10s} {'rows':>4s} {'precision':>9s} {'us/call':>9s} {'GB/s':>7s}")
+    for name, (outs, ic) in SHAPES.items():
+        gated = name == "gate+up"
+        weight_bytes = sum(oc * ic // 2 + oc * ic // BLOCK * 8 for oc in outs)
+        n_copies = max(2, COPIES_BYTES // weight_bytes)
+        for precision in args.precision:
+            for rows in args.rows:
+                copies = [call_args(rng, outs, ic, rows, precision == "low", gated) for _ in range(n_copies)]
+                seconds = best_seconds(kernel_for(rows, gated), copies, args.repeats)
+                print(f"{name:10s} {rows:4d} {precision:>9s} {seconds * 1e6:9.1f} {weight_bytes / seconds / 1e9:7.2f}")
+                del copies
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
