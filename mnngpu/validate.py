@@ -36,6 +36,9 @@ OPTIONAL_FEEDS = {"has_deepstack": "deepstack_embeds"}
 def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
     """Check the folder's graph against itself, the config and the embedding; returns the graph."""
     config.validate_backend()
+    if config.get("has_deepstack") and not config.get("is_visual"):
+        raise _config_error(config, "has_deepstack", "false for a model without vision (is_visual false): "
+                                                     "deepstack rows come from the vision graph")
     net = read_net(config.model_path)
     check_graph(net, tuple(feed for key, feed in OPTIONAL_FEEDS.items() if config.get(key)))
     check_dimensions(net, config, embedding)

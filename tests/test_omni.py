@@ -292,3 +292,13 @@ def test_has_deepstack_needs_the_graphs_deepstack_input(tmp_path):
     path.write_text(json.dumps({**json.loads(path.read_text()), "has_deepstack": True}))
     with pytest.raises(ModelFormatError, match="deepstack_embeds"):
         mnngpu_llm.create(folder).load()
+
+
+def test_has_deepstack_without_vision_is_one_config_error(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(QWEN3, folder)
+    path = folder / "llm_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "is_visual": False}))
+    with pytest.raises(ConfigError, match="deepstack rows come from the vision graph") as caught:
+        mnngpu_llm.create(folder).load()
+    assert caught.value.field == "has_deepstack"
