@@ -28,6 +28,7 @@ from mnngpu.errors import ConfigError, InputError, ModelFormatError
 from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import MropePositions, Omni
 from mnngpu.vision import read_image
+from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES
 
 VISION = FIXTURES.parent / "vision" / "qwen2_vl_int4"
@@ -284,6 +285,20 @@ def test_qwen3_counts_32_pixel_blocks_and_feeds_deepstack_rows():
     model._embed(ids[:1])   # a decode step: zeros
     assert not model._extra_feeds(1)["deepstack_embeds"].any()
 
+
+def test_qwen3_deepstack_rows_follow_their_image_across_prefill_chunks():
+    """chunk 8 cuts the image's 16 rows over three graph runs: each run's deepstack_embeds must
+    hold the rows of its own image_pad ids (truth: the fixture's HF float64 reference)."""
+    model = mnngpu_llm.create(QWEN3)
+    model.set_config({"precision": "high", "thread_num": 2, "chunk": 8})
+    model.load()
+    ref = json.loads((QWEN3 / "reference.json").read_text())
+    hf_logits = np.load(QWEN3 / "hf_first_logits.npy")
+    prompt = ref["prompts"][0]
+    ids = model.tokenizer_encode(prompt["text"].format(image=QWEN3 / "image.png"))
+    tokens, first = greedy(model, ids, len(prompt["hf_greedy"]))
+    assert np.abs(first - hf_logits[0]).max() <= 1e-3 * hf_logits[0].std()
+    assert tokens == prompt["hf_greedy"]
 
 def test_has_deepstack_needs_the_graphs_deepstack_input(tmp_path):
     folder = tmp_path / "model"
