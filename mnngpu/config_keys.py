@@ -145,7 +145,8 @@ KEYS: dict[str, Key] = {
                        "inputs) and puts its rows at the image_pad ids"),
     "is_audio": _rejected("audio inputs are not implemented", _equals(False), "false"),
     "has_talker": _warned("speech output is not supported; the text and vision parts load and run"),
-    "has_deepstack": _rejected("deepstack embeddings are not implemented", _equals(False), "false"),
+    "has_deepstack": _done("Qwen3-VL: the LLM graph's deepstack_embeds input gets the vision graph's deepstack "
+                           "features at an image's rows, zeros elsewhere"),
     "ple_embed_file": _rejected("per-layer embeddings are not implemented", _equals(None), "unset"),
     "ple_embed_scale": _inert("used only with ple_embed_file, which is rejected"),
     "ple_embed_dim": _inert("used only with ple_embed_file, which is rejected"),
@@ -181,11 +182,13 @@ KEYS: dict[str, Key] = {
     # ---- vision, audio and speech ------------------------------------------------------------
     **{key: _done("Qwen2-VL image input, as MNN 3.6.1's Omni (mnngpu/vision.py)") for key in (
         "visual_model", "vision_start", "vision_end", "image_pad", "image_size", "image_mean", "image_norm")},
+    "num_grid_per_side": _done("Qwen3-VL: the side of the vision graph's learned position table, stretched over "
+                               "the patch grid (mnngpu/vision.py)"),
     **{key: _inert(_MULTIMODAL) for key in (
         "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
         "asr_language", "asr_use_audio_template", "vision_type",
         "video_pad", "image_size_unit", "image_max_size",
-        "image_min_pixels", "image_max_pixels", "global_image", "patch_size", "num_grid_per_side",
+        "image_min_pixels", "image_max_pixels", "global_image", "patch_size",
         "scale_emb", "video_fps", "video_max_frames", "video_max_pixels", "video_max_vision_tokens",
         "vision_slice_start_id", "vision_slice_end_id", "vision_id_start_id", "vision_id_end_id",
         "hunyuan_patch_size", "hunyuan_spatial_merge_size", "hunyuan_temporal_patch_size",

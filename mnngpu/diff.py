@@ -47,7 +47,7 @@ def op_outputs(model, ids: list[int]) -> list[OpOutput]:
     embeds = model.embedding.rows(ids).reshape(len(ids), 1, -1).astype(np.float32)
     session = model.pool.select(len(ids), False).session
     feeds = graph_feeds(embeds, 0, all_logits=False, mask=model.attention_mask,
-                        positions=model._positions(0, len(ids), len(ids)))
+                        positions=model._positions(0, len(ids), len(ids))) | model._extra_feeds(len(ids))
     meta = model.runtime.kv_meta
     meta.add = len(ids)
     session.run(feeds, ["logits"])

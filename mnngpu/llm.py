@@ -299,7 +299,7 @@ class Llm:
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self._embed(ids)
         feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask,
-                            self._positions(meta.kept, seq, rows))
+                            self._positions(meta.kept, seq, rows)) | self._extra_feeds(rows)
         meta.add = seq
         (logits,) = module.forward(feeds, ["logits"])
         meta.sync()
@@ -312,12 +312,16 @@ class Llm:
         for (rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
             module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask,
-                                             self._positions(0, 0, rows)))
+                                             self._positions(0, 0, rows)) | self._extra_feeds(rows))
         return self.runtime.placements
 
     def _embed(self, ids: list[int]) -> np.ndarray:
         """The input rows [seq, hidden] of `ids` (Omni puts its images' rows in)."""
         return self.embedding.rows(ids)
+
+    def _extra_feeds(self, rows: int) -> dict[str, np.ndarray]:
+        """Graph inputs beyond FEEDS for a run of `rows` rows (Omni: Qwen3-VL's deepstack_embeds)."""
+        return {}
 
     def _positions(self, first: int, seq: int, rows: int) -> np.ndarray:
         """int32 [axes, rows]: positions first.. on every axis (an mrope graph's three agree for text)."""

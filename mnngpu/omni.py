@@ -9,7 +9,9 @@ A prompt names an image as `<img>PATH</img>`, optionally sized `<img><hw>H,W</hw
 (else the config's image_size on both sides). Each image becomes vision_start, one image_pad per
 vision token and vision_end; its rows replace the image_pad rows at the next forward of those ids,
 whose positions are MNN's mrope positions (text: one index on all three axes; an image: time,
-row and column of its merged grid). Audio (`<audio>`) and speech output are not implemented.
+row and column of its merged grid). A Qwen3-VL graph also takes deepstack_embeds [3, seq, hidden]:
+the vision graph's deepstack features at an image's rows, zeros elsewhere and on decode steps.
+Audio (`<audio>`) and speech output are not implemented.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from mnngpu.errors import ConfigError, InputError, ModelFormatError
 from mnngpu.llm import Llm
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.schedule import RuntimeManager
-from mnngpu.vision import VisionEncoder, aligned_size, read_image
+from mnngpu.vision import MERGE_SIZE, PATCH_SIZE, EncodedImage, VisionEncoder, aligned_size, read_image
 
 MEDIA_TAG = re.compile(r"<(img|audio)>(.*?)</\1>")
 SIZE_TAG = re.compile(r"<hw>(.*?)</hw>")
+# deepstack_embeds rows the exporter traces Qwen3-VL's LLM graph with (and MNN feeds as zeros on decode)
+DEEPSTACK_LAYERS = 3
 # the keys of config "mllm" that choose the vision module's runtime, as MNN's
 MLLM_RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "power", "memory")
 
@@ -78,7 +82,7 @@ class MropePositions:
 class EncodedPrompt:
     ids: list[int]
     positions: np.ndarray        # int32 [3, len(ids)], from 0
-    images: list[np.ndarray]     # each [tokens, hidden], in prompt order
+    images: list[EncodedImage]   # in prompt order
 
 
 class Omni(Llm):
@@ -87,6 +91,8 @@ class Omni(Llm):
         self.vision: VisionEncoder | None = None
         self._encoded: EncodedPrompt | None = None     # the last tokenizer_encode with media
         self._image_rows: list[np.ndarray] = []        # rows waiting for their image_pad ids
+        self._deepstack_rows: list[np.ndarray] = []    # Qwen3-VL: each [layers, hidden], beside them
+        self._deepstack: np.ndarray | None = None      # the next graph run's deepstack_embeds rows
         self._forward_positions: np.ndarray | None = None
         self._sources: dict[str, bytes] = {}   # media_sources(): <img>NAME</img> -> encoded image bytes
         self._read_files = True
@@ -107,7 +113,8 @@ class Omni(Llm):
         runtime = self._processor_runtime()
         module_config = ModuleConfig(shape_mutable=True, rearrange=True)
         module = Module.load(model_path, model_path.with_name(model_path.name + ".weight"), module_config, runtime)
-        return VisionEncoder(module, cfg.hidden_size, cfg.get("image_mean"), cfg.get("image_norm"), model_path)
+        return VisionEncoder(module, cfg.hidden_size, cfg.get("image_mean"), cfg.get("image_norm"), model_path,
+                             cfg.get("num_grid_per_side"))
 
     def _processor_runtime(self) -> RuntimeManager:
         """MNN's processor runtime: the config's mllm settings when it has them, else the LLM's own."""
@@ -137,12 +144,13 @@ class Omni(Llm):
 
     def count_prompt_tokens(self, text: str) -> int:
         """len(tokenizer_encode(text)) without decoding or encoding an image: each takes two
-        markers and one token per 28x28 block of the size it is resized to."""
+        markers and one token per merged block (28x28; Qwen3-VL 32x32) of the size it is resized to."""
         count, cursor = 0, 0
+        unit = self.vision.patch * MERGE_SIZE if self.vision else PATCH_SIZE * MERGE_SIZE
         for match in MEDIA_TAG.finditer(text):
             count += len(self.tokenizer.encode(text[cursor: match.start()]))
-            height, width = aligned_size(*self._image_size(match.group(2))[0])
-            count += 2 + (height // 28) * (width // 28)
+            height, width = self._align(self._image_size(match.group(2))[0])
+            count += 2 + (height // unit) * (width // unit)
             cursor = match.end()
         return count + len(self.tokenizer.encode(text[cursor:]))
 
@@ -152,7 +160,7 @@ class Omni(Llm):
             return super().tokenizer_encode(text)   # a pending image prompt stays pending
         ids: list[int] = []
         positions = MropePositions()
-        images: list[np.ndarray] = []
+        images: list[EncodedImage] = []
         cursor = 0
         for match in MEDIA_TAG.finditer(text):
             piece = self.tokenizer.encode(text[cursor: match.start()])
@@ -160,11 +168,11 @@ class Omni(Llm):
             positions.add_text(len(piece))
             if match.group(1) == "audio":
                 raise InputError("this engine does not implement audio input (<audio> parts)", field="prompt")
-            rows, grid = self._encode_image(match.group(2))
-            ids += [self._token("vision_start")] + [self._token("image_pad")] * rows.shape[0] + \
+            image = self._encode_image(match.group(2))
+            ids += [self._token("vision_start")] + [self._token("image_pad")] * image.rows.shape[0] + \
                 [self._token("vision_end")]
-            positions.add_image(*grid)
-            images.append(rows)
+            positions.add_image(*image.grid)
+            images.append(image)
             cursor = match.end()
         piece = self.tokenizer.encode(text[cursor:])
         ids += piece
@@ -178,7 +186,7 @@ class Omni(Llm):
             raise ConfigError(f"the id of the {key} token, got {value!r}", path=self.config.origin(key), field=key)
         return value
 
-    def _encode_image(self, content: str) -> tuple[np.ndarray, tuple[int, int]]:
+    def _encode_image(self, content: str) -> EncodedImage:
         if self.vision is None:
             if not self._loaded:
                 raise InputError("call load() before encoding a prompt with an image", field="prompt")
@@ -191,7 +199,10 @@ class Omni(Llm):
             raise InputError("images come as image_url data: URLs here; <img> names no file", field="prompt")
         else:
             image = read_image(source)
-        return self.vision.encode(image, aligned_size(*size))
+        return self.vision.encode(image, self._align(size))
+
+    def _align(self, size: tuple[int, int]) -> tuple[int, int]:
+        return self.vision.align(*size) if self.vision else aligned_size(*size)
 
     def _image_size(self, content: str) -> tuple[tuple[int, int], str]:
         """((height, width) before alignment, the image's name) of an <img> part: <hw>H,W</hw> or
@@ -211,15 +222,18 @@ class Omni(Llm):
         if offset >= 0 and encoded.ids[offset:] == ids and self.runtime.kv_meta.kept >= offset:
             self._forward_positions = encoded.positions[:, offset:] + (self.runtime.kv_meta.kept - offset)
             skipped = sum(token == self.config.get("image_pad") for token in encoded.ids[:offset])
-            self._image_rows = [row for image in encoded.images for row in image][skipped:]
+            self._image_rows = [row for image in encoded.images for row in image.rows][skipped:]
+            self._deepstack_rows = [row for image in encoded.images if image.deepstack is not None
+                                    for row in image.deepstack.transpose(1, 0, 2)][skipped:]
             self._encoded = None   # its images enter the cache once
         try:
             return super().forward(ids)
         finally:
             self._forward_positions = None
-            self._image_rows = []
+            self._image_rows, self._deepstack_rows = [], []
 
     def _embed(self, ids: list[int]) -> np.ndarray:
+        self._deepstack = None
         rows = super()._embed(ids)
         pad = self.config.get("image_pad")
         slots = [i for i, token in enumerate(ids) if token == pad]
@@ -229,9 +243,25 @@ class Omni(Llm):
             raise InputError("image_pad tokens with no image: put images in a prompt as <img>PATH</img> and "
                              "forward the ids tokenizer_encode returned", field="input_ids")
         rows = np.array(rows, dtype=np.float32)
+        if self._deepstack_rows:
+            self._deepstack = np.zeros((self._deepstack_rows[0].shape[0], len(ids), rows.shape[1]), np.float32)
         for slot in slots:
             rows[slot] = self._image_rows.pop(0)
+            if self._deepstack is not None:
+                self._deepstack[:, slot] = self._deepstack_rows.pop(0)
         return rows
+
+    def _extra_feeds(self, rows: int) -> dict[str, np.ndarray]:
+        """deepstack_embeds [layers, rows, hidden] for a Qwen3-VL graph: the image rows' features
+        the last _embed put in, zeros elsewhere (text, decode steps, a fixed-shape chunk's pad)."""
+        if not self.config.get("has_deepstack"):
+            return {}
+        layers = DEEPSTACK_LAYERS if self._deepstack is None else self._deepstack.shape[0]
+        feed = np.zeros((layers, rows, self.config.hidden_size), dtype=np.float32)
+        if self._deepstack is not None:
+            feed[:, : self._deepstack.shape[1]] = self._deepstack
+        self._deepstack = None
+        return {"deepstack_embeds": feed}
 
     def _positions(self, first: int, seq: int, rows: int) -> np.ndarray:
         if self._forward_positions is None:

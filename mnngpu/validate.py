@@ -28,14 +28,19 @@ from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, 
 # The graph inputs Llm feeds at every forward, and the output it reads.
 FEEDS = ("input_ids", "attention_mask", "position_ids", "logits_index")
 LOGITS = "logits"
+# Fed as well when the config says so (Omni): {config key: graph input}
+OPTIONAL_FEEDS = {"has_deepstack": "deepstack_embeds"}
 
 
 
 def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
     """Check the folder's graph against itself, the config and the embedding; returns the graph."""
     config.validate_backend()
+    if config.get("has_deepstack") and not config.get("is_visual"):
+        raise _config_error(config, "has_deepstack", "false for a model without vision (is_visual false): "
+                                                     "deepstack rows come from the vision graph")
     net = read_net(config.model_path)
-    check_graph(net)
+    check_graph(net, tuple(feed for key, feed in OPTIONAL_FEEDS.items() if config.get(key)))
     check_dimensions(net, config, embedding)
     return net
 
@@ -47,8 +52,9 @@ def runnable_op_types() -> set[str]:
     return set(graph_op_types()) | set(SOURCES)
 
 
-def check_graph(net: Net) -> None:
-    """Raise ModelFormatError for the first op the runtime could not run as the graph says."""
+def check_graph(net: Net, extra_feeds: tuple[str, ...] = ()) -> None:
+    """Raise ModelFormatError for the first op the runtime could not run as the graph says;
+    `extra_feeds` are inputs the config makes the engine feed as well (each one the graph must take)."""
     runnable = runnable_op_types()
     produced: set[int] = set()
     for position, op in enumerate(net.ops):
@@ -69,7 +75,7 @@ def check_graph(net: Net) -> None:
             if tensor in produced:
                 raise _error(net, f"output tensor {tensor} ({_name(net, tensor)}) produced only once", where)
             produced.add(tensor)
-    _check_interface(net)
+    _check_interface(net, extra_feeds)
 
 
 def _check_experts(net: Net, op: Op, where: str, runnable: set[str]) -> None:
@@ -109,11 +115,16 @@ def _check_arity(net: Net, op: Op, where: str) -> None:
                           f"and {len(op.outputs)}", where)
 
 
-def _check_interface(net: Net) -> None:
+def _check_interface(net: Net, extra_feeds: tuple[str, ...]) -> None:
     inputs = [op.name for op in net.ops if op.type == "Input"]
-    unknown = [name for name in inputs if name not in FEEDS]
+    fed = (*FEEDS, *extra_feeds)
+    unknown = [name for name in inputs if name not in fed]
     if unknown:
-        raise _error(net, f"graph inputs among {list(FEEDS)} (what Llm feeds), got {unknown}", "Input ops")
+        raise _error(net, f"graph inputs among {list(fed)} (what Llm feeds), got {unknown}", "Input ops")
+    missing = [name for name in extra_feeds if name not in inputs]
+    if missing:
+        raise _error(net, f"the Input ops {missing} the config's {list(OPTIONAL_FEEDS)} ask for, got {inputs}",
+                     "Input ops")
     if "input_ids" not in inputs:
         raise _error(net, f"an Input op named input_ids, got {inputs}", "Input ops")
     if LOGITS not in net.output_names:

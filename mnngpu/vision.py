@@ -1,15 +1,16 @@
 """Images for a vision model (Qwen2-VL style): reading, resizing, patching, and the vision module.
 
     image = read_image("cat.png")                        # uint8 RGB [h, w, 3], checked
-    patches, grid = qwen2_patches(image, (h, w), mean, norm)
-    embeds = VisionEncoder(...).encode(image, (h, w))   # [tokens, hidden], one row per image_pad
+    patches, grid = qwen2_patches(normalize(image, mean, norm))
+    encoded = VisionEncoder(...).encode(image, (h, w))  # .rows [tokens, hidden], one per image_pad
 
 The steps follow MNN's Omni (transformers/llm/engine/src/omni.cpp, version 3.6.1, the oracle's):
 the target size is the configured image_size (or a prompt's <hw>h,w</hw>) rounded to a multiple of
 patch_size * merge_size; MNN's bilinear resize (half-pixel centres, edge clamped, rounded to uint8);
 (pixel - image_mean) * image_norm per RGB channel; the frame twice (temporal_patch_size 2) cut
-into 14x14 patches ordered by 2x2 merge blocks; and each patch's (row, column) for the rotary table.
-Decoding is Pillow's; nothing is fetched from a network.
+into 14x14 patches (Qwen3-VL: 16x16) ordered by 2x2 merge blocks; each patch's (row, column) for
+the rotary table; and for Qwen3-VL each patch's four nearest cells of the learned position table
+with their bilinear weights. Decoding is Pillow's; nothing is fetched from a network.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from mnngpu.errors import InputError, MnnGpuError, ModelFormatError
 
 PATCH_SIZE = 14
+QWEN3_PATCH_SIZE = 16
 TEMPORAL_PATCH_SIZE = 2
 MERGE_SIZE = 2
 # Larger images are refused before they are decoded: a 5792x5792 RGB image is ~100 MB of pixels.
@@ -112,28 +115,50 @@ def normalize(image: np.ndarray, mean, norm) -> np.ndarray:
     return (image.transpose(2, 0, 1).astype(np.float32) - mean) * norm
 
 
-def qwen2_patches(pixels: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """Normalized [3, h, w] -> patches [grid_h * grid_w, 3 * 2 * 14 * 14] (the frame twice along
-    time) in 2x2-merge-block order, and the grid (t, h, w) in patches."""
+def qwen2_patches(pixels: np.ndarray, patch: int = PATCH_SIZE) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Normalized [3, h, w] -> patches [grid_h * grid_w, 3 * 2 * patch * patch] (the frame twice
+    along time) in 2x2-merge-block order, and the grid (t, h, w) in patches."""
     channels, height, width = pixels.shape
-    grid_h, grid_w = height // PATCH_SIZE, width // PATCH_SIZE
+    grid_h, grid_w = height // patch, width // patch
     frames = np.stack([pixels] * TEMPORAL_PATCH_SIZE)                      # (t, c, h, w)
-    blocks = frames.reshape(1, TEMPORAL_PATCH_SIZE, channels, grid_h // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE,
-                            grid_w // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE)
+    blocks = frames.reshape(1, TEMPORAL_PATCH_SIZE, channels, grid_h // MERGE_SIZE, MERGE_SIZE, patch,
+                            grid_w // MERGE_SIZE, MERGE_SIZE, patch)
     blocks = blocks.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    patches = blocks.reshape(grid_h * grid_w, channels * TEMPORAL_PATCH_SIZE * PATCH_SIZE * PATCH_SIZE)
+    patches = blocks.reshape(grid_h * grid_w, channels * TEMPORAL_PATCH_SIZE * patch * patch)
     return np.ascontiguousarray(patches, dtype=np.float32), (1, grid_h, grid_w)
+
+
+def merge_block_order(grid: np.ndarray) -> np.ndarray:
+    """[..., grid_h, grid_w] -> [..., grid_h * grid_w] in the patches' 2x2-merge-block order."""
+    *lead, grid_h, grid_w = grid.shape
+    shaped = grid.reshape(*lead, grid_h // MERGE_SIZE, MERGE_SIZE, grid_w // MERGE_SIZE, MERGE_SIZE)
+    axes = len(lead)
+    shaped = shaped.transpose(*range(axes), axes, axes + 2, axes + 1, axes + 3)
+    return np.ascontiguousarray(shaped.reshape(*lead, grid_h * grid_w))
 
 
 def patch_positions(grid_h: int, grid_w: int) -> np.ndarray:
     """int32 [2, grid_h * grid_w]: each patch's (row, column), in the patches' merge-block order."""
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
+    return merge_block_order(np.stack([rows, cols])).astype(np.int32)
 
-    def blocked(index: np.ndarray) -> np.ndarray:
-        shaped = index.reshape(grid_h // MERGE_SIZE, MERGE_SIZE, grid_w // MERGE_SIZE, MERGE_SIZE)
-        return shaped.transpose(0, 2, 1, 3).reshape(-1)
 
-    return np.stack([blocked(rows), blocked(cols)]).astype(np.int32)
+def position_table_lookup(num_grid: int, grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3-VL's idx_tensor int32 [4, n] and weight_tensor float32 [4, n]: the learned
+    num_grid x num_grid position table stretched over the patch grid (corner to corner), each
+    patch reading its four nearest cells (top-left, top-right, bottom-left, bottom-right) with
+    bilinear weights, in merge-block order. float32 arithmetic, as MNN's Omni computes it."""
+    def axis(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        points = np.arange(count, dtype=np.float32) * np.float32(num_grid - 1) / np.float32(count - 1)
+        low = points.astype(np.int64)
+        return low, np.minimum(low + 1, num_grid - 1), (points - low).astype(np.float32)
+
+    (top, bottom, dh), (left, right, dw) = axis(grid_h), axis(grid_w)
+    dh, dw, one = dh[:, None], dw[None, :], np.float32(1)
+    index = np.stack([top[:, None] * num_grid + left, top[:, None] * num_grid + right,
+                      bottom[:, None] * num_grid + left, bottom[:, None] * num_grid + right])
+    weight = np.stack([(one - dh) * (one - dw), (one - dh) * dw, dh * (one - dw), dh * dw])
+    return merge_block_order(index).astype(np.int32), merge_block_order(weight).astype(np.float32)
 
 
 WINDOW = 4   # Qwen2.5-VL: merged tokens per window side (window_size 112 / patch 14 / merge 2), as MNN fixes it
@@ -160,38 +185,62 @@ def window_layout(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(order, dtype=np.int32), masks
 
 
+class EncodedImage(NamedTuple):
+    rows: np.ndarray                 # float32 [tokens, hidden], one row per image_pad
+    grid: tuple[int, int]            # the merged grid (rows, columns)
+    deepstack: np.ndarray | None     # Qwen3-VL: float32 [layers, tokens, hidden], added after the first layers
+
+
 class VisionEncoder:
     """visual.mnn (+ visual.mnn.weight) run through the engine's runtime, and its preprocessing."""
 
     INPUTS = ("patches", "position_ids", "attention_mask")
     WINDOWED = (*INPUTS, "window_index")   # Qwen2.5-VL
+    POSITION_TABLE = (*INPUTS, "idx_tensor", "weight_tensor")   # Qwen3-VL
 
-    def __init__(self, module, hidden_size: int, mean, norm, model_path: Path):
+    def __init__(self, module, hidden_size: int, mean, norm, model_path: Path, num_grid_per_side=None):
         names = tuple(module.input_names)
-        if names not in (self.INPUTS, self.WINDOWED):
-            raise ModelFormatError(f"a Qwen2-VL or Qwen2.5-VL vision graph (inputs {list(self.INPUTS)}, or with "
-                                   f"window_index), got {list(names)}: other vision encoders are not implemented",
-                                   path=model_path, field="inputs")
+        if names not in (self.INPUTS, self.WINDOWED, self.POSITION_TABLE):
+            raise ModelFormatError(f"a Qwen2-VL, Qwen2.5-VL or Qwen3-VL vision graph (inputs {list(self.INPUTS)}, "
+                                   f"or with window_index, or with idx_tensor and weight_tensor), got {list(names)}: "
+                                   "other vision encoders are not implemented", path=model_path, field="inputs")
         self.windowed = names == self.WINDOWED
+        self.num_grid = None
+        if names == self.POSITION_TABLE:
+            if not isinstance(num_grid_per_side, int) or num_grid_per_side < 2:
+                raise ModelFormatError(f"a Qwen3-VL vision graph needs num_grid_per_side (an integer >= 2) in "
+                                       f"llm_config.json, got {num_grid_per_side!r}", path=model_path,
+                                       field="num_grid_per_side")
+            self.num_grid = num_grid_per_side
+        self.patch = QWEN3_PATCH_SIZE if self.num_grid else PATCH_SIZE
         self.module = module
         self.hidden_size = hidden_size
         self.mean, self.norm = mean, norm
 
-    def encode(self, image: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
-        """float32 [tokens, hidden], one row per image_pad, and the merged grid (rows, columns) of
-        the image resized to `size` (already aligned)."""
+    def align(self, height: int, width: int) -> tuple[int, int]:
+        """A requested size rounded as MNN 3.6.1 rounds it for this graph's patch size."""
+        return aligned_size(height, width, self.patch * MERGE_SIZE)
+
+    def encode(self, image: np.ndarray, size: tuple[int, int]) -> EncodedImage:
+        """The image resized to `size` (already aligned) through the vision graph."""
         height, width = size
-        if (height // PATCH_SIZE) * (width // PATCH_SIZE) > MAX_PATCHES:
-            raise InputError(f"resizing to {height}x{width} makes {(height // PATCH_SIZE) * (width // PATCH_SIZE)} "
-                             f"patches, more than the {MAX_PATCHES} the vision graph may take; choose a smaller "
-                             "<hw> or image_size", field="image_size")
+        count = (height // self.patch) * (width // self.patch)
+        if count > MAX_PATCHES:
+            raise InputError(f"resizing to {height}x{width} makes {count} patches, more than the {MAX_PATCHES} "
+                             "the vision graph may take; choose a smaller <hw> or image_size", field="image_size")
         resized = image if image.shape[:2] == (height, width) else resize_bilinear(image, height, width)
-        patches, (_, grid_h, grid_w) = qwen2_patches(normalize(resized, self.mean, self.norm))
-        count = patches.shape[0]
+        patches, (_, grid_h, grid_w) = qwen2_patches(normalize(resized, self.mean, self.norm), self.patch)
         feeds = {"patches": patches, "position_ids": patch_positions(grid_h, grid_w),
                  "attention_mask": np.zeros((1, count, count), dtype=np.float32)}
         if self.windowed:
             feeds["window_index"], feeds["attention_mask"] = window_layout(grid_h, grid_w)
-        (embeds,) = self.module.forward(feeds, ["image_embeds"])
-        embeds = np.asarray(embeds, dtype=np.float32).reshape(-1, self.hidden_size)
-        return embeds, (grid_h // MERGE_SIZE, grid_w // MERGE_SIZE)
+        wanted = ["image_embeds"]
+        if self.num_grid:
+            feeds["idx_tensor"], feeds["weight_tensor"] = position_table_lookup(self.num_grid, grid_h, grid_w)
+            wanted.append("deepstack_feature")
+        outputs = self.module.forward(feeds, wanted)
+        embeds = np.asarray(outputs[0], dtype=np.float32).reshape(-1, self.hidden_size)
+        deepstack = None
+        if self.num_grid:
+            deepstack = np.asarray(outputs[1], dtype=np.float32).reshape(-1, embeds.shape[0], self.hidden_size)
+        return EncodedImage(embeds, (grid_h // MERGE_SIZE, grid_w // MERGE_SIZE), deepstack)

@@ -86,9 +86,10 @@ def record_replies(model_dir: str, prompts: list[str], overrides: dict) -> dict:
     return {"settings": {**ORACLE_SETTINGS, **overrides}, "replies": replies}
 
 
-def mnn_patches(model_dir: str, image_path: str, height: int, width: int):
-    """Qwen2-VL patches [n, 1176] and patch (row, column) ids as MNN's Omni makes them: MNN's imread,
-    its bilinear resize with the config's mean and norm, and the patch reshuffle in MNN's expr ops."""
+def mnn_patches(model_dir: str, image_path: str, height: int, width: int, patch: int = 14):
+    """Qwen2-VL patches [n, 3 * 2 * patch * patch] and patch (row, column) ids as MNN's Omni makes
+    them: MNN's imread, its bilinear resize with the config's mean and norm, and the patch reshuffle
+    in MNN's expr ops (Qwen3-VL's patches are 16 wide)."""
     # `from MNN import cv` would find the C extension's bare module, not MNN/cv.py's constants
     import MNN.cv as cv  # noqa: PLR0402
     import MNN.expr as F
@@ -99,15 +100,40 @@ def mnn_patches(model_dir: str, image_path: str, height: int, width: int):
                       config["image_mean"], config["image_norm"])
     frame = F.convert(F.expand_dims(image, 0), F.NCHW)
     patches = F.concat([frame, frame], 0)
-    grid_h, grid_w = height // 14, width // 14
-    patches = F.reshape(patches, [1, 2, 3, grid_h // 2, 2, 14, grid_w // 2, 2, 14])
-    patches = F.reshape(F.transpose(patches, [0, 3, 6, 4, 7, 2, 1, 5, 8]), [grid_h * grid_w, 3 * 2 * 14 * 14])
+    grid_h, grid_w = height // patch, width // patch
+    patches = F.reshape(patches, [1, 2, 3, grid_h // 2, 2, patch, grid_w // 2, 2, patch])
+    patches = F.reshape(F.transpose(patches, [0, 3, 6, 4, 7, 2, 1, 5, 8]), [grid_h * grid_w, 3 * 2 * patch * patch])
     rows = np.zeros((2, grid_h * grid_w), dtype=np.int32)
     for i in range(grid_h):
         for j in range(grid_w):
             index = (i // 2) * (2 * grid_w) + (j // 2) * 4 + (i % 2) * 2 + j % 2
             rows[:, index] = (i, j)
     return np.array(patches.read(), dtype=np.float32), rows
+
+
+def mnn_position_table(num_grid: int, grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3-VL's idx_tensor and weight_tensor [4, n] by MNN's Omni's loops: each patch's four
+    nearest cells of the num_grid x num_grid position table and their bilinear weights, in
+    merge-block order."""
+    h_idxs = [np.float32(i) * np.float32(num_grid - 1) / np.float32(grid_h - 1) for i in range(grid_h)]
+    w_idxs = [np.float32(j) * np.float32(num_grid - 1) / np.float32(grid_w - 1) for j in range(grid_w)]
+    index = np.zeros((4, grid_h, grid_w), dtype=np.int32)
+    weight = np.zeros((4, grid_h, grid_w), dtype=np.float32)
+    for i, hi in enumerate(h_idxs):
+        h0 = int(hi)
+        h1, dh = min(h0 + 1, num_grid - 1), np.float32(hi - h0)
+        for j, wj in enumerate(w_idxs):
+            w0 = int(wj)
+            w1, dw = min(w0 + 1, num_grid - 1), np.float32(wj - w0)
+            index[:, i, j] = (h0 * num_grid + w0, h0 * num_grid + w1, h1 * num_grid + w0, h1 * num_grid + w1)
+            one = np.float32(1)
+            weight[:, i, j] = ((one - dh) * (one - dw), (one - dh) * dw, dh * (one - dw), dh * dw)
+
+    def blocked(table: np.ndarray) -> np.ndarray:
+        shaped = table.reshape(4, grid_h // 2, 2, grid_w // 2, 2).transpose(0, 1, 3, 2, 4)
+        return np.ascontiguousarray(shaped.reshape(4, -1))
+
+    return blocked(index), blocked(weight)
 
 
 def mnn_windows(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,26 +160,38 @@ def mnn_windows(grid_h: int, grid_w: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def record_image_embeds(model_dir: str, image_path: str, sizes: list[list[int]]) -> dict[str, np.ndarray]:
-    """visual.mnn's image_embeds from MNN's runtime (CPU, precision high) for the image at each size."""
+    """visual.mnn's image_embeds from MNN's runtime (CPU, precision high) for the image at each size
+    (and Qwen3-VL's deepstack features, under "deepstack HxW")."""
     import MNN.expr as F
     import MNN.nn as nn  # noqa: PLR0402
 
     runtime = nn.create_runtime_manager(({"backend": "CPU", "precision": "high", "memory": "high", "numThread": 2},))
     module = nn.load_module_from_file(f"{model_dir}/visual.mnn", [], [], runtime_manager=runtime,
                                       rearrange=True, shape_mutable=True)
+    names = module.get_info()["inputNames"]
+    qwen3 = len(names) == 5 and names[3] == "idx_tensor"
+    patch = 16 if qwen3 else 14
     records = {}
     for height, width in sizes:
-        patches, rows = mnn_patches(model_dir, image_path, height, width)
+        patches, rows = mnn_patches(model_dir, image_path, height, width, patch)
         count = patches.shape[0]
         inputs = [F.const(patches, list(patches.shape)), F.const(rows.ravel(), [2, count], F.NCHW, F.int),
                   F.const(np.zeros(count * count, np.float32), [1, count, count])]
-        if len(module.get_info()["inputNames"]) == 4:   # Qwen2.5-VL: windows
+        if len(names) == 4:   # Qwen2.5-VL: windows
             index, mask = mnn_windows(height // 14, width // 14)
             inputs[2] = F.const(mask.ravel(), list(mask.shape))
             inputs.append(F.const(index, [count // 4], F.NCHW, F.int))
-        out = module.forward(inputs)
-        out = out[0] if isinstance(out, list) else out
-        records[f"{height}x{width}"] = np.array(out.read(), dtype=np.float32).reshape(count // 4, -1)
+        if qwen3:
+            with open(f"{model_dir}/llm_config.json", encoding="utf-8") as f:
+                num_grid = json.load(f)["num_grid_per_side"]
+            index, weight = mnn_position_table(num_grid, height // patch, width // patch)
+            inputs += [F.const(index.ravel(), [4, count], F.NCHW, F.int), F.const(weight.ravel(), [4, count])]
+        outs = module.forward(inputs)
+        outs = outs if isinstance(outs, list) else [outs]
+        records[f"{height}x{width}"] = np.array(outs[0].read(), dtype=np.float32).reshape(count // 4, -1)
+        if len(outs) > 1:
+            deepstack = np.array(outs[1].read(), dtype=np.float32)
+            records[f"deepstack {height}x{width}"] = deepstack.reshape(-1, count // 4, deepstack.shape[-1])
     return records
 
 

@@ -59,7 +59,7 @@ def model_with(tmp_path: Path, **llm_config) -> Path:
 @pytest.mark.parametrize("key, value", [
     ("mrope_axes", 4), ("attention_mask", "glm"),
     ("attention_mask", "glm2"), ("is_audio", True), ("is_single", False),
-    ("has_deepstack", True), ("ple_embed_file", "ple.bin"), ("attention_mode", 12), ("quant_qkv", 4),
+    ("ple_embed_file", "ple.bin"), ("attention_mode", 12), ("quant_qkv", 4),
     ("attention_mode", 3),
 ])
 def test_a_value_that_changes_the_math_is_rejected_at_load(tmp_path, key, value):

@@ -24,10 +24,11 @@ from PIL import Image
 
 from mnngpu import llm as mnngpu_llm
 from mnngpu.cli import main
-from mnngpu.errors import ConfigError, InputError
+from mnngpu.errors import ConfigError, InputError, ModelFormatError
 from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import MropePositions, Omni
 from mnngpu.vision import read_image
+from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES
 
 VISION = FIXTURES.parent / "vision" / "qwen2_vl_int4"
@@ -223,7 +224,7 @@ def test_a_big_image_is_resized_to_the_configured_size_without_keeping_it(model)
     with model.media_sources({"big": big.getvalue()}):
         ids = model.tokenizer_encode("<img>big</img>hi")
     assert ids.count(model.config.get("image_pad")) == 16
-    assert sum(rows.nbytes for rows in model._encoded.images) == 16 * 128 * 4
+    assert sum(image.rows.nbytes for image in model._encoded.images) == 16 * 128 * 4
 
 
 def test_a_size_over_the_patch_limit_is_refused_before_the_vision_graph_runs(model):
@@ -242,3 +243,77 @@ def test_counting_a_prompts_tokens_runs_no_vision_and_agrees_with_encoding(model
 def test_a_bad_hw_size_is_one_clear_error(model, size):
     with pytest.raises(InputError, match="<hw>"):
         model.tokenizer_encode(f"<img><hw>{size}</hw>{IMAGE}</img>hi")
+
+
+# ---- Qwen3-VL ----------------------------------------------------------------------------------------
+
+QWEN3 = FIXTURES.parent / "vision" / "qwen3_vl_int4"
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (4, 6), (8, 8), (14, 10)])
+def test_qwen3_position_table_lookup_follows_mnns_loops(grid):
+    """The engine's vectorized idx_tensor/weight_tensor against MNN's Omni loops written out one
+    patch at a time (tests/mnn_oracle.py)."""
+    from mnngpu.vision import position_table_lookup
+    from tests.mnn_oracle import mnn_position_table
+
+    index, weight = position_table_lookup(8, *grid)
+    expected_index, expected_weight = mnn_position_table(8, *grid)
+    assert index.tolist() == expected_index.tolist()
+    assert np.array_equal(weight, expected_weight)
+
+
+def test_qwen3_counts_32_pixel_blocks_and_feeds_deepstack_rows():
+    model = mnngpu_llm.create(QWEN3)
+    model.set_config({"precision": "high", "thread_num": 2})
+    model.load()
+    ref = json.loads((QWEN3 / "reference.json").read_text())
+    for prompt in ref["prompts"]:
+        text = prompt["text"].format(image=QWEN3 / "image.png")
+        assert model.count_prompt_tokens(text) == len(model.tokenizer_encode(text)) == len(prompt["ids"])
+    ids = model.tokenizer_encode(ref["prompts"][0]["text"].format(image=QWEN3 / "image.png"))
+    image = model._encoded.images[0]
+    slots = [i for i, token in enumerate(ids) if token == model.config.get("image_pad")]
+    # what forward() of those ids arranges for its graph run: image rows and their deepstack rows
+    model._image_rows = list(image.rows)
+    model._deepstack_rows = list(image.deepstack.transpose(1, 0, 2))
+    model._embed(ids)
+    feed = model._extra_feeds(len(ids) + 2)["deepstack_embeds"]   # two pad rows of a fixed-shape chunk
+    assert feed.shape == (3, len(ids) + 2, 128)
+    assert np.array_equal(feed[:, slots], image.deepstack)
+    assert not np.delete(feed, slots, axis=1).any()
+    model._embed(ids[:1])   # a decode step: zeros
+    assert not model._extra_feeds(1)["deepstack_embeds"].any()
+
+
+def test_qwen3_deepstack_rows_follow_their_image_across_prefill_chunks():
+    """chunk 8 cuts the image's 16 rows over three graph runs: each run's deepstack_embeds must
+    hold the rows of its own image_pad ids (truth: the fixture's HF float64 reference)."""
+    model = mnngpu_llm.create(QWEN3)
+    model.set_config({"precision": "high", "thread_num": 2, "chunk": 8})
+    model.load()
+    ref = json.loads((QWEN3 / "reference.json").read_text())
+    hf_logits = np.load(QWEN3 / "hf_first_logits.npy")
+    prompt = ref["prompts"][0]
+    ids = model.tokenizer_encode(prompt["text"].format(image=QWEN3 / "image.png"))
+    tokens, first = greedy(model, ids, len(prompt["hf_greedy"]))
+    assert np.abs(first - hf_logits[0]).max() <= 1e-3 * hf_logits[0].std()
+    assert tokens == prompt["hf_greedy"]
+
+def test_has_deepstack_needs_the_graphs_deepstack_input(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(VISION, folder)
+    path = folder / "llm_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "has_deepstack": True}))
+    with pytest.raises(ModelFormatError, match="deepstack_embeds"):
+        mnngpu_llm.create(folder).load()
+
+
+def test_has_deepstack_without_vision_is_one_config_error(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(QWEN3, folder)
+    path = folder / "llm_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "is_visual": False}))
+    with pytest.raises(ConfigError, match="deepstack rows come from the vision graph") as caught:
+        mnngpu_llm.create(folder).load()
+    assert caught.value.field == "has_deepstack"

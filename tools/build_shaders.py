@@ -45,6 +45,7 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
     "kv_store_int8": KV_INT8,
     "attention": {**FLOATS, **KV_INT8},
     "attention_rows": {**FLOATS, **KV_INT8},
+    "encoder_attention": {"": []},
     "routing": {"softmax": ["SOFTMAX"], "top_k": ["TOP_K"], "reduce": ["REDUCE"], "expert_add": ["EXPERT_ADD"]},
 }
 

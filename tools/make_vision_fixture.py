@@ -57,9 +57,21 @@ VISION = {"depth": 1, "embed_dim": 64, "hidden_size": TEXT["hidden_size"], "num_
 VISION_2_5 = {"depth": 2, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"], "intermediate_size": 96,
               "num_heads": 4, "fullatt_block_indexes": [1], "window_size": 112, "patch_size": 14,
               "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
-SPECS = {   # fixture name: (family, transformers config class, model class, vision config)
-    "qwen2_vl_int4": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", VISION),
-    "qwen2_5_vl_int4": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", VISION_2_5),
+# Qwen3-VL: 16x16 patches, a learned 8x8 position table interpolated to the grid, three blocks each
+# feeding a deepstack merger (the exporter's LLM graph adds three deepstack rows to the first three
+# layers' outputs, so the text model has three layers), and interleaved mrope
+VISION_3 = {"depth": 3, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"], "intermediate_size": 96,
+            "num_heads": 4, "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1, 2], "patch_size": 16,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+TEXT_3 = {"num_hidden_layers": 3, "head_dim": 32}
+MROPE_3 = {"mrope_section": [6, 5, 5], "mrope_interleaved": True}
+SPECS = {   # fixture name: (family, transformers config class, model class, vision config, text changes, mrope)
+    "qwen2_vl_int4": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", VISION, {},
+                      {"type": "mrope", "mrope_section": MROPE_SECTION}),
+    "qwen2_5_vl_int4": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", VISION_2_5, {},
+                        {"type": "mrope", "mrope_section": MROPE_SECTION}),
+    "qwen3_vl_int4": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", VISION_3, TEXT_3,
+                      {"rope_type": "default", **MROPE_3}),
 }
 # {image} is the fixture's image path at recording and test time
 PROMPTS = [
@@ -68,7 +80,22 @@ PROMPTS = [
      "<|im_start|>assistant\n"),
     "<|im_start|>user\nWhere does the farmer walk?<|im_end|>\n<|im_start|>assistant\n",
 ]
-EMBED_SIZES = [[IMAGE_SIZE, IMAGE_SIZE], [56, 84]]   # the aligned sizes the prompts resize the image to
+
+
+def block_size(name: str) -> int:
+    """Pixels per merged token side: 2x2 patches of 14 (Qwen3-VL: of 16)."""
+    return 32 if SPECS[name][0] == "qwen3_vl" else 28
+
+
+def aligned(size: int, unit: int) -> int:
+    """MNN 3.6.1's rounding of a requested side to whole merged tokens."""
+    return max(unit, round(size / unit) * unit)
+
+
+def embed_sizes(name: str) -> list[list[int]]:
+    """The aligned sizes the prompts resize the image to."""
+    unit = block_size(name)
+    return [[aligned(h, unit), aligned(w, unit)] for h, w in ((IMAGE_SIZE, IMAGE_SIZE), (56, 84))]
 
 
 def make_test_image(path: Path) -> None:
@@ -91,9 +118,9 @@ def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
            (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
             ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
     eos = SPECIAL_TOKENS.index("<|im_end|>")
-    text = dict(TEXT, vocab_size=vocab_size, initializer_range=0.2, eos_token_id=eos, bos_token_id=0, pad_token_id=0,
-                rope_scaling={"type": "mrope", "mrope_section": MROPE_SECTION})
-    _, config_class, model_class, vision = SPECS[name]
+    _, config_class, model_class, vision, text_changes, mrope = SPECS[name]
+    text = dict(TEXT, **text_changes, vocab_size=vocab_size, initializer_range=0.2, eos_token_id=eos, bos_token_id=0,
+                pad_token_id=0, rope_scaling=mrope, rope_parameters={**mrope, "rope_theta": 1000000.0})
     config = getattr(transformers, config_class)(text_config=text, vision_config=vision, tie_word_embeddings=False,
                                                  **ids)
     torch.manual_seed(2)
@@ -101,8 +128,9 @@ def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
     saved = json.loads((hf_dir / "config.json").read_text())
-    saved.update({key: saved["text_config"][key] for key in (*TEXT, "vocab_size")})
-    saved.update(rope_theta=1000000.0, rope_scaling={"type": "mrope", "mrope_section": MROPE_SECTION})
+    saved.update({key: saved["text_config"][key] for key in (*TEXT, *text_changes, "vocab_size")})
+    saved.update(rope_theta=1000000.0, rope_scaling=mrope)
+    saved["text_config"].update(rope_theta=1000000.0, rope_scaling=mrope)
     (hf_dir / "config.json").write_text(json.dumps(saved, indent=1))
 
 
@@ -112,14 +140,14 @@ def set_fixture_settings(dest: Path) -> None:
         path.write_text(json.dumps({**json.loads(path.read_text()), **change}, indent=4, ensure_ascii=False))
 
 
-def record_oracle(dest: Path) -> dict:
+def record_oracle(name: str, dest: Path) -> dict:
     image = dest / IMAGE
     prompts = [p.format(image=image) for p in PROMPTS]
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "oracle.json"
         subprocess.run([sys.executable, str(ORACLE), str(dest), "--prompts-json", json.dumps(prompts),
                         "--steps", "16", "--json-out", str(record), "--logits-out", str(dest / "first_logits.npy"),
-                        "--image-embeds", str(image), json.dumps(EMBED_SIZES),
+                        "--image-embeds", str(image), json.dumps(embed_sizes(name)),
                         "--image-embeds-out", str(dest / "image_embeds.npz")], check=True, capture_output=True)
         result = json.loads(record.read_text())
     for prompt, template in zip(result["prompts"], PROMPTS):
@@ -148,8 +176,9 @@ def mnn_positions(ids: list[int], grids: list[tuple[int, int]]) -> np.ndarray:
 
 def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) -> None:
     """The HuggingFace model in float64 on the export's own weights (each linear layer's int4 weights
-    dequantized, the bf16 embedding rows, MNN's image embeddings) at MNN's positions: first-step
-    logits and 16 greedy tokens per prompt (decode positions: the cache length, as MNN's)."""
+    dequantized, the bf16 embedding rows, MNN's image embeddings and Qwen3-VL deepstack features)
+    at MNN's positions: first-step logits and 16 greedy tokens per prompt (decode positions: the
+    cache length, as MNN's)."""
     import torch
     import transformers
 
@@ -178,29 +207,40 @@ def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) ->
     table = bf16.view(np.float32).reshape(-1, TEXT["hidden_size"]).astype(np.float64)
     embeds = np.load(dest / "image_embeds.npz")
     pad = SPECIAL_TOKENS.index("<|image_pad|>")
+    unit = block_size(name)
 
-    def logits_of(rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def logits_of(rows: np.ndarray, positions: np.ndarray, deepstack: np.ndarray | None) -> np.ndarray:
+        extra = {}
+        if deepstack is not None:   # Qwen3-VL: added to the first layers' outputs at the image rows
+            mask = np.zeros(rows.shape[0], dtype=bool)
+            mask[[i for i, token in enumerate(ids) if token == pad]] = True
+            extra = {"visual_pos_masks": torch.from_numpy(mask)[None],
+                     "deepstack_visual_embeds": list(torch.from_numpy(deepstack.astype(np.float64)))}
         with torch.no_grad():
             hidden = text_model(inputs_embeds=torch.from_numpy(rows)[None],
-                                position_ids=torch.from_numpy(positions)[:, None, :]).last_hidden_state
+                                position_ids=torch.from_numpy(positions)[:, None, :], **extra).last_hidden_state
             return model.lm_head(hidden)[0, -1].numpy()
 
     firsts = []
     for prompt in reference["prompts"]:
         ids = prompt["ids"]
-        images = [embeds[f"{h}x{w}"] for h, w in _sizes_in(prompt["text"])]
+        sizes = [(aligned(h, unit), aligned(w, unit)) for h, w in _sizes_in(prompt["text"])]
+        images = [embeds[f"{h}x{w}"] for h, w in sizes]
+        deepstack = None
+        if sizes and f"deepstack {sizes[0][0]}x{sizes[0][1]}" in embeds:
+            deepstack = np.concatenate([embeds[f"deepstack {h}x{w}"] for h, w in sizes], axis=1)
         rows = table[ids]
         slots = [i for i, token in enumerate(ids) if token == pad]
         if slots:
             rows[slots] = np.concatenate(images).astype(np.float64)
-        positions = mnn_positions(ids, [(h // 28, w // 28) for h, w in _sizes_in(prompt["text"])])
-        logits = logits_of(rows, positions)
+        positions = mnn_positions(ids, [(h // unit, w // unit) for h, w in sizes])
+        logits = logits_of(rows, positions, deepstack)
         firsts.append(logits.astype(np.float32))
         tokens = [int(np.argmax(logits))]
         while len(tokens) < len(prompt["greedy"]):
             rows = np.concatenate([rows, table[tokens[-1:]]])
             positions = np.concatenate([positions, np.full((3, 1), rows.shape[0] - 1)], axis=1)
-            tokens.append(int(np.argmax(logits_of(rows, positions))))
+            tokens.append(int(np.argmax(logits_of(rows, positions, deepstack))))
         prompt["hf_greedy"] = tokens
     np.save(dest / "hf_first_logits.npy", np.stack(firsts))
 
@@ -227,10 +267,10 @@ def make_fixture(name: str) -> Path:
             shutil.copy2(out_dir / file, dest / file)
         make_test_image(dest / IMAGE)
         set_fixture_settings(dest)
-        reference = record_oracle(dest)
+        reference = record_oracle(name, dest)
         record_hf_reference(name, hf_dir, dest, reference)
     reference.update(export_args=["--quant_bit", "4", "--quant_block", "64"], family=SPECS[name][0],
-                     fixture_settings={"image_size": IMAGE_SIZE, "mllm": MLLM}, embed_sizes=EMBED_SIZES)
+                     fixture_settings={"image_size": IMAGE_SIZE, "mllm": MLLM}, embed_sizes=embed_sizes(name))
     (dest / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     return dest
 

@@ -22,7 +22,7 @@ from mnngpu.backend import Backend, BackendConfig, Node, Tensor, warn_once
 from mnngpu.backends.opencl import memory
 from mnngpu.backends.opencl.device import VARIANTS, log, shared_device
 from mnngpu.backends.opencl.memory import RecordedStep
-from mnngpu.backends.opencl.ops.attention import AttentionExecution, DeviceKVCache
+from mnngpu.backends.opencl.ops.attention import DeviceKVCache, attention_execution
 from mnngpu.backends.opencl.ops.elementwise import (
     BINARY_OPS,
     UNARY_OPS,
@@ -53,11 +53,12 @@ VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")
 class OpenCLBackend(Backend):
     type = "opencl"
     fixed_shape = True
+    encoder_attention = True
     executions: ClassVar[dict] = {**{op: ViewExecution for op in VIEW_OPS},
                   "StridedSlice": GatherCopyExecution, "GatherV2": GatherCopyExecution, "Gather": GatherCopyExecution,
                   "Concat": ConcatExecution, "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
                   "Cast": CastExecution, "LayerNorm": LayerNormExecution, "Convolution": LinearExecution,
-                  "Attention": AttentionExecution, ROPE: RoPEExecution,
+                  "Attention": attention_execution, ROPE: RoPEExecution,
                   "Softmax": SoftmaxExecution, "TopKV2": TopKExecution, "Reduction": ReductionExecution,
                   EXPERT_ADD: ExpertAddExecution}
 

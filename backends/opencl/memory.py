@@ -65,9 +65,7 @@ class BufferPool:
 def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
     """Give every tensor the steps touch a buffer (`tensor.device`), then bind each execution."""
     found = lifetimes([PlannedStep(s.inputs, s.outputs, s.execution.view_of) for s in steps])
-    read = {id(tensor) for step in steps for tensor in step.inputs}
-    unread = {id(found.root_of(t)) for step in steps for t in step.outputs if id(t) not in read}  # graph outputs
-    dies_after = found.dies_after(key for key in found.produced if key not in pinned and key not in unread)
+    dies_after = found.dies_after(key for key in found.produced if key not in pinned)
     pooled = {key for keys in dies_after.values() for key in keys}
 
     pool.reset()

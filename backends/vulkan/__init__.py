@@ -37,6 +37,7 @@ VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chos
 class VulkanBackend(Backend):
     type = "vulkan"
     fixed_shape = True
+    encoder_attention = True
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):

@@ -3,7 +3,8 @@ planner needs to let tensors with disjoint lifetimes share memory.
 
 A view op (reshape, squeeze, ...) owns no memory: its output is its input's buffer, so the
 input's lifetime runs until the view's own last reader. Lifetimes are keyed by id() of the
-root tensor, the one that owns the buffer.
+root tensor, the one that owns the buffer. A tensor no step reads (a graph output), or a view of
+it no step reads, keeps its buffer until the run ends: the Session downloads it after the run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Lifetimes:
     roots: dict[int, Tensor] = field(default_factory=dict)   # id(view output) -> the tensor owning its buffer
     produced: dict[int, int] = field(default_factory=dict)   # id(root) -> the step that writes it
     last_read: dict[int, int] = field(default_factory=dict)  # id(root) -> the last step that reads it
+    unread: set[int] = field(default_factory=set)   # id(root) of each tensor (or view) no step reads
 
     def root_of(self, tensor: Tensor) -> Tensor:
         return self.roots.get(id(tensor), tensor)
@@ -36,7 +38,7 @@ class Lifetimes:
         """step -> the keys (of `keys`, written here and read later) whose memory is free after it."""
         free: dict[int, list[int]] = {}
         for key in keys:
-            if key in self.produced and self.last_read.get(key, -1) > self.produced[key]:
+            if key in self.produced and key not in self.unread and self.last_read.get(key, -1) > self.produced[key]:
                 free.setdefault(self.last_read[key], []).append(key)
         return free
 
@@ -51,4 +53,6 @@ def lifetimes(steps: list[PlannedStep]) -> Lifetimes:
         if step.view_of is None:
             for tensor in step.outputs:
                 found.produced.setdefault(id(tensor), index)
+    read = {id(tensor) for step in steps for tensor in step.inputs}
+    found.unread = {id(found.root_of(tensor)) for step in steps for tensor in step.outputs if id(tensor) not in read}
     return found

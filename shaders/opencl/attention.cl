@@ -172,3 +172,42 @@ void attention_group(ATTENTION_ARGS) {
         if (d < HEAD_DIM) STORE(dst, d, acc[a] / total);
     }
 }
+
+// An encoder's attention (kv_cache false: a vision tower's): every query row over every key row
+// of this step's own k and v (seq-major [seq][kv_heads][HEAD_DIM], no cache, no causal mask),
+// with the mask input added to the scaled scores: mask_planes planes of [seq][seq], head h
+// reading plane min(h, mask_planes - 1); mask_planes 0: no mask. One work-item per (head, query
+// row), one pass over the keys with a running max and sum. A masked score (float's lowest, -inf
+// under fp16 storage) is clamped to HIDDEN_SCORE, whose weight vanishes at the first visible key.
+#define HIDDEN_SCORE -1.0e30f
+__kernel void encoder_attention(__global real_t* out, __global const real_t* q, __global const real_t* k,
+                                __global const real_t* v, __global const real_t* mask, const int seq,
+                                const int heads, const int kv_heads, const float scale, const int mask_planes) {
+    const int h = get_global_id(0), s = get_global_id(1);
+    if (h >= heads || s >= seq) return;
+    const int g = h / (heads / kv_heads);
+    const __global real_t* qrow = q + ((size_t)s * heads + h) * HEAD_DIM;
+    const __global real_t* mask_row = mask + ((size_t)min(h, max(mask_planes - 1, 0)) * seq + s) * seq;
+    float acc[HEAD_DIM];
+    for (int d = 0; d < HEAD_DIM; d++) acc[d] = 0.0f;
+    float running_max = HIDDEN_SCORE, total = 0.0f;   // finite: fast math may assume no infinities
+    for (int j = 0; j < seq; j++) {
+        const __global real_t* key = k + ((size_t)j * kv_heads + g) * HEAD_DIM;
+        float score = 0.0f;
+        for (int d = 0; d < HEAD_DIM; d++) score = fma(LOAD(qrow, d), LOAD(key, d), score);
+        score *= scale;
+        if (mask_planes > 0) score = fmax(score + LOAD(mask_row, j), HIDDEN_SCORE);
+        if (score > running_max) {
+            const float rescale = exp(running_max - score);
+            total *= rescale;
+            for (int d = 0; d < HEAD_DIM; d++) acc[d] *= rescale;
+            running_max = score;
+        }
+        const float p = exp(score - running_max);
+        total += p;
+        const __global real_t* value = v + ((size_t)j * kv_heads + g) * HEAD_DIM;
+        for (int d = 0; d < HEAD_DIM; d++) acc[d] = fma(p, LOAD(value, d), acc[d]);
+    }
+    __global real_t* dst = out + ((size_t)s * heads + h) * HEAD_DIM;
+    for (int d = 0; d < HEAD_DIM; d++) STORE(dst, d, acc[d] / total);
+}

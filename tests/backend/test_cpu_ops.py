@@ -255,6 +255,20 @@ def test_planned_buffers_share_memory_only_between_disjoint_lifetimes(reuse):
     assert np.allclose(again, -(np.exp(-2 * x) - 2 * x), rtol=1e-6)
 
 
+def test_a_graph_output_that_is_an_unread_view_keeps_its_buffer_to_the_end():
+    """0 x -> neg 1 -> reshape 2 (a view: the graph output, read by no op), and 1 read on by exp 3
+    -> neg 4 -> neg 5: 1's buffer must outlive its last reader (exp), or 4 and 5 overwrite the
+    output before the run ends (as Qwen3-VL's image_embeds once were by its deepstack mergers)."""
+    ops = [GraphOp(Node("UnaryOp", "a", P.UnaryOp(opType="NEG")), [0], [1]),
+           GraphOp(Node("Reshape", "r", P.Reshape(dims=[2, 6])), [1], [2]),
+           GraphOp(Node("UnaryOp", "b", P.UnaryOp(opType="EXP")), [1], [3]),
+           GraphOp(Node("UnaryOp", "c", P.UnaryOp(opType="NEG")), [3], [4]),
+           GraphOp(Node("UnaryOp", "d", P.UnaryOp(opType="NEG")), [4], [5])]
+    x = np.random.default_rng(17).normal(0, 1, (3, 4)).astype(np.float32)
+    _, got = run_graph(make_backend(), ops, {}, [x], 2)
+    assert np.array_equal(got, -x.reshape(2, 6))
+
+
 def test_vectorizable_exp_matches_numpy():
     import numba
 

@@ -1,7 +1,8 @@
-"""The Qwen2-VL and Qwen2.5-VL fixtures (tools/make_vision_fixture.py) on every backend.
+"""The Qwen2-VL, Qwen2.5-VL and Qwen3-VL fixtures (tools/make_vision_fixture.py) on every backend.
 
-* image embeddings: visual.mnn run by the engine against MNN's runtime on MNN-made patches,
-  within 1e-3 of their std, at the config's image_size and at a prompt's <hw> size;
+* image embeddings (and Qwen3-VL's deepstack features): visual.mnn run by the engine against MNN's
+  runtime on MNN-made patches, within 1e-3 of their std, at the config's image_size and at a
+  prompt's <hw> size;
 * prompts with an image: first-step logits within 1e-3 of their std and 16 identical greedy
   tokens against the HuggingFace model run in float64 on the export's own weights (MNN 3.6.1's
   wheel records logits 8-18% of their std away from that reference for these prompts; see
@@ -18,7 +19,7 @@ import pytest
 
 from mnngpu import llm as mnngpu_llm
 from mnngpu.omni import Omni
-from mnngpu.vision import aligned_size, read_image
+from mnngpu.vision import read_image
 from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES
 
@@ -47,10 +48,15 @@ def test_vision_model_matches_references(name, backend_type):
     assert isinstance(model, Omni)
     image = read_image(folder / "image.png")
     for height, width in ref["embed_sizes"]:
-        embeds, _ = model.vision.encode(image, aligned_size(height, width))
+        assert model.vision.align(height, width) == (height, width)
+        encoded = model.vision.encode(image, (height, width))
         expected = mnn_embeds[f"{height}x{width}"]
-        assert embeds.shape == expected.shape
-        assert np.abs(embeds - expected).max() <= TOLERANCE * expected.std(), (height, width)
+        assert encoded.rows.shape == expected.shape
+        assert np.abs(encoded.rows - expected).max() <= TOLERANCE * expected.std(), (height, width)
+        if f"deepstack {height}x{width}" in mnn_embeds:
+            expected = mnn_embeds[f"deepstack {height}x{width}"]
+            assert encoded.deepstack.shape == expected.shape
+            assert np.abs(encoded.deepstack - expected).max() <= TOLERANCE * expected.std(), (height, width)
     for k, prompt in enumerate(ref["prompts"]):
         model.reset()
         ids = model.tokenizer_encode(prompt["text"].format(image=folder / "image.png"))

@@ -5,7 +5,9 @@ many tokens the cache already holds from a one-int device buffer the backend wri
 the step (OpenCLBackend.set_kv_length), so the same prepared kernels serve every prompt length
 and every decode step. Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim),
 v (the same values seq-major, any shape), mask (the kernels mask causally; the mask only names
-a key window, for a sliding layer: runtime.attention_mask).
+a key window, for a sliding layer: runtime.attention_mask). An Attention op with kv_cache false
+(a vision encoder's) is EncoderAttentionExecution: no cache, every query over every key, the
+mask input added to the scores.
 """
 
 from __future__ import annotations
@@ -161,3 +163,24 @@ class AttentionExecution(KernelExecution):
             self._bind_cache()
         self.backend.set_kv_length(past)
         super().onExecute(inputs, outputs)
+
+
+class EncoderAttentionExecution(KernelExecution):
+    """kv_cache false: q, k, v (1, seq, heads or kv_heads, head_dim) of this run only, and the
+    mask input ([1, seq, seq], [planes, 1, seq, seq], ...) added to the scores."""
+
+    def plan(self, inputs, outputs):
+        _, seq, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
+        mask, planes = self.backend.placeholder, 0
+        if len(inputs) > 3:
+            mask, planes = inputs[3], int(np.prod(inputs[3].shape)) // (seq * seq)
+        args = [outputs[0], inputs[0], inputs[1], inputs[2], mask, np.int32(seq), np.int32(heads),
+                np.int32(kv_heads), np.float32(scale), np.int32(planes)]
+        self.prepare("attention.cl", "encoder_attention", args, (heads, seq), (1, 1), {"HEAD_DIM": dim})
+
+
+def attention_execution(backend, node) -> KernelExecution:
+    """The Execution for an Attention node: with the KV cache (an LLM's), or an encoder's."""
+    return (AttentionExecution if node.param.kv_cache else EncoderAttentionExecution)(backend, node)

@@ -2,7 +2,7 @@
 are the fused node types of runtime/op_table.py: listing them here opts this backend into
 runtime/fusion.py's rewrites."""
 
-from mnngpu.backends.vulkan.ops.attention import VulkanAttention
+from mnngpu.backends.vulkan.ops.attention import AttentionOp
 from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
 from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
@@ -17,7 +17,7 @@ EXECUTIONS = {
     GATED_LINEAR: VulkanLinear,
     ROPE: VulkanRoPE,
     "LayerNorm": VulkanLayerNorm,
-    "Attention": VulkanAttention,
+    "Attention": AttentionOp,
     "BinaryOp": VulkanBinary,
     "UnaryOp": VulkanUnary,
     "Cast": VulkanCast,

@@ -7,7 +7,8 @@ this step's k and v at the kept length, then attend: `attention` (a workgroup pe
 head, scores through a scratch buffer; GPUs) or `attention_rows` (an invocation per row and head,
 online softmax, no barriers; CPU devices). The kept length changes every step while the
 commands are recorded once, so onExecute writes it into the backend's step buffer, which the
-kernels read, before the submit.
+kernels read, before the submit. An Attention op with kv_cache false (a vision encoder's) is
+VulkanEncoderAttention: no cache, every query over every key, the mask input added.
 """
 
 from __future__ import annotations
@@ -164,3 +165,38 @@ class VulkanAttention(VulkanExecution):
         self.backend.set_step(past)
         super().onExecute(inputs, outputs)
 
+
+
+class VulkanEncoderAttention(VulkanExecution):
+    """kv_cache false: q, k, v (1, seq, heads or kv_heads, head_dim) of this run only, and the
+    mask input ([1, seq, seq], [planes, 1, seq, seq], ...) added to the scores (encoder_attention.comp)."""
+
+    decline = VulkanAttention.decline
+
+    def onResize(self, inputs, outputs):
+        backend = self.backend
+        _, seq, heads, dim = inputs[0].shape
+        kv_heads = inputs[1].shape[2]
+        mask, planes = backend.placeholder, 0
+        if len(inputs) > 3:
+            mask, planes = inputs[3].device, int(np.prod(inputs[3].shape)) // (seq * seq)
+        out = outputs[0].device = backend.new_tensor(outputs[0])
+        scale = attention_scale(self.node.param.attnScale, dim, backend.kv_meta)
+        push = pack_push("4IfI", seq, heads, kv_heads, dim, float(scale), planes)
+        self.dispatch("encoder_attention", [*(t.device for t in inputs[:3]), mask, out], push,
+                      element_groups(seq * heads))
+
+
+class AttentionOp:
+    """The op table's Attention entry: the KV-cache kernels (an LLM's), or an encoder's."""
+
+    @staticmethod
+    def kind(node) -> type[VulkanExecution]:
+        return VulkanAttention if node.param.kv_cache else VulkanEncoderAttention
+
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return cls.kind(node).decline(inputs, outputs, node)
+
+    def __new__(cls, backend, node):
+        return cls.kind(node)(backend, node)
