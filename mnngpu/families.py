@@ -29,6 +29,7 @@ SUPPORTED = {
     "gemma3_text": "Gemma 3 text (sliding-window attention: attention_type mix or sliding)",
     "qwen2_vl": "Qwen2-VL (text and image input: visual.mnn, as MNN's Omni)",
     "qwen2_5_vl": "Qwen2.5-VL (text and image input: visual.mnn with its windows, as MNN's Omni)",
+    "qwen2_audio": "Qwen2-Audio (text and audio input: audio.mnn on whisper log-mel features, as MNN's Omni)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why

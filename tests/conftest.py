@@ -87,3 +87,15 @@ def backend_or_skip(backend_type: str):
 def backend_type(request) -> str:
     backend_or_skip(request.param)
     return request.param
+
+
+def load_multimodal(folder, backend_type: str):
+    """A vision or audio fixture loaded with its LLM and its processor graphs on `backend_type`
+    at precision high."""
+    from mnngpu import llm as mnngpu_llm
+
+    settings = {"backend_type": backend_type, "precision": "high", "thread_num": 2}
+    model = mnngpu_llm.create(folder)
+    model.set_config({**settings, "mllm": settings})
+    model.load()
+    return model

@@ -237,7 +237,7 @@ def pooling(node, inputs):
         raise ModelFormatError("an unpadded, non-global Pooling (padType CAFFE); padded and global pooling are "
                                "not implemented", field=f"{node.name}.pads")
     shaped = x.reshape(*x.shape, 1) if x.ndim == 3 else x
-    n, c, h, w = shaped.shape
+    h, w = shaped.shape[2:]
     oh, ow = (h - p.kernelY) // p.strideY + 1, (w - p.kernelX) // p.strideX + 1
     if p.ceilModel and ((h - p.kernelY) % p.strideY or (w - p.kernelX) % p.strideX):
         raise ModelFormatError("a Pooling whose windows tile its input (ceilModel with a partial last window is "
@@ -368,7 +368,7 @@ def im2col(node, inputs):
     kh, kw, sh, sw, dh, dw, top, left, bottom, right = conv_window(node.param.common)
     oh, ow = conv_output_size(node.param.common, *x.shape[2:])
     x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     cols = np.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
     for ky in range(kh):
         for kx in range(kw):
