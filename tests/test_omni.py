@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -28,7 +27,7 @@ from mnngpu.errors import ConfigError, InputError
 from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import MropePositions, Omni
 from mnngpu.vision import read_image
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, copy_model_files, folder_state
 
 VISION = FIXTURES.parent / "vision" / "qwen2_vl_int4"
 IMAGE = VISION / "image.png"
@@ -52,15 +51,7 @@ def expected_reply(model, steps: int = 16) -> str:
 
 
 def copy_model(tmp_path: Path, skip: tuple[str, ...] = (), **llm_config) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for name in MODEL_FILES:
-        if name not in skip:
-            shutil.copy2(VISION / name, folder / name)
-    if llm_config:
-        path = folder / "llm_config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **llm_config}))
-    return folder
+    return copy_model_files(VISION, tmp_path, MODEL_FILES, skip, **llm_config)
 
 
 # ---- positions and the config test -------------------------------------------------------------------
@@ -207,12 +198,12 @@ def test_a_missing_visual_graph_is_one_config_error(tmp_path):
 
 def test_nothing_is_written_into_the_model_folder(tmp_path):
     folder = copy_model(tmp_path)
-    before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+    before = folder_state(folder)
     omni = mnngpu_llm.create(folder)
     omni.set_config({"precision": "high"})
     omni.load()
     omni.generate(omni.tokenizer_encode(f"<img>{IMAGE}</img>hi"), max_new_tokens=2)
-    assert {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()} == before
+    assert folder_state(folder) == before
 
 
 def test_a_big_image_is_resized_to_the_configured_size_without_keeping_it(model):

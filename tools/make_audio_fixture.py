@@ -60,6 +60,8 @@ PROMPTS = [
     ("<|im_start|>user\n<|audio_bos|><audio>{audio}</audio><|audio_eos|>What does it say?<|im_end|>\n"
      "<|im_start|>assistant\n"),
     "<|im_start|>user\nWhere does the farmer walk?<|im_end|>\n<|im_start|>assistant\n",
+    # what `mnngpu run --audio FILE -p "What does it say?"` and the server's input_audio part make
+    "<|im_start|>user\n<audio>{audio}</audio>What does it say?<|im_end|>\n<|im_start|>assistant\n",
 ]
 
 
