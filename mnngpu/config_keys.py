@@ -145,7 +145,7 @@ KEYS: dict[str, Key] = {
                        "inputs) and puts its rows at the image_pad ids"),
     "is_audio": _done("the model is an Omni: <audio>PATH</audio> in a prompt runs audio.mnn (Qwen2-Audio's "
                       "input_features) and puts its rows at the audio_pad ids"),
-    "has_talker": _warned("speech output is not supported; the text and vision parts load and run"),
+    "has_talker": _warned("speech output is not supported; the text, vision and audio parts load and run"),
     "has_deepstack": _rejected("deepstack embeddings are not implemented", _equals(False), "false"),
     "ple_embed_file": _rejected("per-layer embeddings are not implemented", _equals(None), "unset"),
     "ple_embed_scale": _inert("used only with ple_embed_file, which is rejected"),
