@@ -33,6 +33,7 @@ from mnngpu.vision import VisionEncoder, aligned_size, read_image
 
 MEDIA_TAG = re.compile(r"<(img|audio)>(.*?)</\1>")
 SIZE_TAG = re.compile(r"<hw>(.*?)</hw>")
+NO_AUDIO = "audio module (is_audio is false); it cannot read <audio>"
 # the keys of config "mllm" that choose the vision module's runtime, as MNN's
 MLLM_RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "power", "memory")
 
@@ -155,6 +156,7 @@ class Omni(Llm):
         for match in MEDIA_TAG.finditer(text):
             count += len(self.tokenizer.encode(text[cursor: match.start()]))
             if match.group(1) == "audio":
+                self._require(self.audio, NO_AUDIO)
                 samples = self._read_audio(match.group(2), media).size
                 count += sum(map(len, self._audio_markers())) + audio_tokens(samples // HOP)
             else:
@@ -229,7 +231,7 @@ class Omni(Llm):
         return read_wav(source) if data is None else read_wav(data, name=source)
 
     def _encode_audio(self, content: str) -> np.ndarray:
-        self._require(self.audio, "audio module (is_audio is false); it cannot read <audio>")
+        self._require(self.audio, NO_AUDIO)
         return self.audio.encode(self._read_audio(content))
 
     def _require(self, module, missing: str) -> None:

@@ -187,6 +187,8 @@ def test_image_pad_ids_without_an_image_and_audio_parts_are_refused(model):
         model.forward([1, pad, pad, 2])
     with pytest.raises(InputError, match="no audio module"):
         model.tokenizer_encode("<audio>tone.wav</audio>hi")
+    with pytest.raises(InputError, match="no audio module"):
+        model.count_prompt_tokens("<audio>tone.wav</audio>hi")
 
 
 def test_a_missing_visual_graph_is_one_config_error(tmp_path):
