@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mnngpu.errors import BackendUnavailableError, ConfigError
+from mnngpu.runtime.host_ops import is_windowed
 
 
 @dataclass(eq=False)
@@ -128,6 +129,9 @@ class Backend(ABC):
             return f"{node.type} is not in the {self.type} op table"
         if node.type == "Attention" and not node.param.kv_cache and not self.encoder_attention:
             return f"Attention without a KV cache (a vision encoder's) is not implemented on {self.type}"
+        if node.type == "Convolution" and not self.windowed_convolution and inputs and \
+                is_windowed(node.param.common, inputs[0].shape):
+            return f"a sliding-window Convolution (an audio encoder's) is not implemented on {self.type}"
         return None
 
     def supports(self, node: Node, inputs: list[Tensor], outputs: list[Tensor] = ()) -> bool:
@@ -176,6 +180,10 @@ class Backend(ABC):
     # An Attention op with kv_cache false (a vision encoder's: every query over every key, plus
     # the mask input) runs here; where not, it falls back to the CPU.
     encoder_attention: bool = False
+
+    # A Convolution whose window slides over its input (not a 1x1 or a patch embedding) runs
+    # here; where not, it falls back to the CPU.
+    windowed_convolution: bool = False
 
     # Packed weights are host arrays any instance can use: create_lora shares them with the base.
     host_weights: bool = False

@@ -143,8 +143,9 @@ KEYS: dict[str, Key] = {
     "is_single": _rejected("split block exports are not implemented", _equals(True), "true"),
     "is_visual": _done("the model is an Omni: <img>PATH</img> in a prompt runs visual.mnn (Qwen2-VL's "
                        "inputs) and puts its rows at the image_pad ids"),
-    "is_audio": _rejected("audio inputs are not implemented", _equals(False), "false"),
-    "has_talker": _warned("speech output is not supported; the text and vision parts load and run"),
+    "is_audio": _done("the model is an Omni: <audio>PATH</audio> in a prompt runs audio.mnn (Qwen2-Audio's "
+                      "input_features) and puts its rows at the audio_pad ids"),
+    "has_talker": _warned("speech output is not supported; the text, vision and audio parts load and run"),
     "has_deepstack": _done("Qwen3-VL: the LLM graph's deepstack_embeds input gets the vision graph's deepstack "
                            "features at an image's rows, zeros elsewhere"),
     "ple_embed_file": _rejected("per-layer embeddings are not implemented", _equals(None), "unset"),
@@ -184,8 +185,12 @@ KEYS: dict[str, Key] = {
         "visual_model", "vision_start", "vision_end", "image_pad", "image_size", "image_mean", "image_norm")},
     "num_grid_per_side": _done("Qwen3-VL: the side of the vision graph's learned position table, stretched over "
                                "the patch grid (mnngpu/vision.py)"),
+    **{key: _done("Qwen2-Audio input, as MNN 3.6.1's Omni (mnngpu/audio.py)") for key in (
+        "audio_model", "audio_pad", "audio_start", "audio_end")},
+    "audio_type": _rejected("only whisper log-mel features are implemented (conformer and usm are not)",
+                            _equals(None, "whisper"), "whisper"),
     **{key: _inert(_MULTIMODAL) for key in (
-        "audio_model", "audio_type", "audio_pad", "audio_start", "audio_end", "n_window",
+        "n_window",
         "asr_language", "asr_use_audio_template", "vision_type",
         "video_pad", "image_size_unit", "image_max_size",
         "image_min_pixels", "image_max_pixels", "global_image", "patch_size",

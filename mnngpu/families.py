@@ -31,6 +31,7 @@ SUPPORTED = {
     "qwen2_5_vl": "Qwen2.5-VL (text and image input: visual.mnn with its windows, as MNN's Omni)",
     "qwen3_vl": "Qwen3-VL (text and image input: visual.mnn with its position table and deepstack rows, "
                 "as MNN's Omni)",
+    "qwen2_audio": "Qwen2-Audio (text and audio input: audio.mnn on whisper log-mel features, as MNN's Omni)",
 }
 
 # families MNN's exporter writes that are known not to run yet, and why

@@ -62,7 +62,7 @@ def extra_modules(config: LlmConfig) -> list[dict[str, Any]]:
             continue
         path = Path(config.base_dir) / config.get(key, default)
         facts: dict[str, Any] = {"role": role, "file": path.name, "present": path.is_file(),
-                                 "runs": role == "vision"}
+                                 "runs": role in ("vision", "audio")}
         if facts["present"]:
             net = read_net(path)
             weight = path.with_name(path.name + ".weight")

@@ -245,13 +245,15 @@ class Llm:
     def tokenizer_encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def count_prompt_tokens(self, text: str) -> int:
+    def count_prompt_tokens(self, text: str, media: dict[str, bytes] | None = None) -> int:
+        """`media`: the images and audio a prompt's tags name (an Omni's); a text model has none."""
         return len(self.tokenizer_encode(text))
 
-    def media_sources(self, images: dict[str, bytes]):
-        """A context in which prompts may name these images (an Omni's); a text model takes none."""
-        if images:
-            raise InputError("this model reads no images (is_visual is false)", field="messages")
+    def media_sources(self, media: dict[str, bytes]):
+        """A context in which prompts may name these images and clips (an Omni's); a text model takes none."""
+        if media:
+            raise InputError("this model reads no images or audio (is_visual and is_audio are false)",
+                             field="messages")
         return contextlib.nullcontext()
 
     def tokenizer_decode(self, token: int) -> str:

@@ -1,7 +1,7 @@
-"""Omni: an Llm that also reads images in its prompts (MNN's Omni, chosen by the same config test).
+"""Omni: an Llm that also reads images and audio in its prompts (MNN's Omni, chosen by the same config test).
 
     llm = create("qwen2-vl/config.json")          # is_visual, is_audio or has_talker -> Omni
-    llm.load()                                     # the LLM, then visual.mnn on the mllm runtime
+    llm.load()                                     # the LLM, then visual.mnn / audio.mnn on the mllm runtime
     ids = llm.tokenizer_encode("<img>cat.png</img>What is it?")
     logits = llm.forward(ids)                      # image rows and mrope positions put in
 
@@ -11,7 +11,9 @@ vision token and vision_end; its rows replace the image_pad rows at the next for
 whose positions are MNN's mrope positions (text: one index on all three axes; an image: time,
 row and column of its merged grid). A Qwen3-VL graph also takes deepstack_embeds [3, seq, hidden]:
 the vision graph's deepstack features at an image's rows, zeros elsewhere and on decode steps.
-Audio (`<audio>`) and speech output are not implemented.
+A prompt names a WAV file as `<audio>PATH</audio>`: it becomes audio_start (when the config has
+one), one audio_pad per audio token and audio_end (likewise), its rows taking the audio_pad rows
+and text positions. Speech output is not implemented.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mnngpu.audio import HOP, AudioEncoder, audio_tokens, read_wav
 from mnngpu.config import LlmConfig
 from mnngpu.errors import ConfigError, InputError, ModelFormatError
 from mnngpu.llm import Llm
@@ -34,6 +37,7 @@ MEDIA_TAG = re.compile(r"<(img|audio)>(.*?)</\1>")
 SIZE_TAG = re.compile(r"<hw>(.*?)</hw>")
 # deepstack_embeds rows the exporter traces Qwen3-VL's LLM graph with (and MNN feeds as zeros on decode)
 DEEPSTACK_LAYERS = 3
+NO_AUDIO = "audio module (is_audio is false); it cannot read <audio>"
 # the keys of config "mllm" that choose the vision module's runtime, as MNN's
 MLLM_RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "power", "memory")
 
@@ -83,38 +87,44 @@ class EncodedPrompt:
     ids: list[int]
     positions: np.ndarray        # int32 [3, len(ids)], from 0
     images: list[EncodedImage]   # in prompt order
+    audios: list[np.ndarray]     # each [tokens, hidden], in prompt order
 
 
 class Omni(Llm):
     def __init__(self, config: LlmConfig):
         super().__init__(config)
         self.vision: VisionEncoder | None = None
+        self.audio: AudioEncoder | None = None
         self._encoded: EncodedPrompt | None = None     # the last tokenizer_encode with media
-        self._image_rows: list[np.ndarray] = []        # rows waiting for their image_pad ids
-        self._deepstack_rows: list[np.ndarray] = []    # Qwen3-VL: each [layers, hidden], beside them
+        self._media_rows: dict[int, list[np.ndarray]] = {}   # pad id -> rows waiting for its ids
+        self._deepstack_rows: list[np.ndarray] = []    # Qwen3-VL: each [layers, hidden], beside the image rows
         self._deepstack: np.ndarray | None = None      # the next graph run's deepstack_embeds rows
         self._forward_positions: np.ndarray | None = None
-        self._sources: dict[str, bytes] = {}   # media_sources(): <img>NAME</img> -> encoded image bytes
+        self._sources: dict[str, bytes] = {}   # media_sources(): <img>NAME</img> or <audio>NAME</audio> -> bytes
         self._read_files = True
 
     # ---- loading --------------------------------------------------------------------------------
     def load(self, progress=None) -> None:
         super().load(progress)
         cfg = self.config   # has_talker: the config's one warning line says speech output is not supported
+        runtime = self._processor_runtime() if cfg.get("is_visual") or cfg.get("is_audio") else None
         if cfg.get("is_visual"):
-            self.vision = self._load_vision()
+            model_path, module = self._load_module("is_visual", "visual_model", "visual.mnn", runtime)
+            self.vision = VisionEncoder(module, cfg.hidden_size, cfg.get("image_mean"), cfg.get("image_norm"),
+                                        model_path, cfg.get("num_grid_per_side"))
+        if cfg.get("is_audio"):
+            model_path, module = self._load_module("is_audio", "audio_model", "audio.mnn", runtime)
+            self.audio = AudioEncoder(module, cfg.hidden_size, model_path)
 
-    def _load_vision(self) -> VisionEncoder:
-        cfg = self.config
-        model_path = cfg.base_dir / cfg.get("visual_model", "visual.mnn")
+    def _load_module(self, flag: str, key: str, default: str, runtime: RuntimeManager):
+        """(path, module) of a processor graph (visual.mnn, audio.mnn) on the processor runtime."""
+        model_path = self.config.base_dir / self.config.get(key, default)
         if not model_path.is_file():
-            raise ConfigError(f"is_visual is true but the vision graph {model_path.name} is missing",
-                              path=model_path, field="visual_model")
-        runtime = self._processor_runtime()
+            raise ConfigError(f"{flag} is true but the graph {model_path.name} is missing", path=model_path,
+                              field=key)
         module_config = ModuleConfig(shape_mutable=True, rearrange=True)
-        module = Module.load(model_path, model_path.with_name(model_path.name + ".weight"), module_config, runtime)
-        return VisionEncoder(module, cfg.hidden_size, cfg.get("image_mean"), cfg.get("image_norm"), model_path,
-                             cfg.get("num_grid_per_side"))
+        weight_path = model_path.with_name(model_path.name + ".weight")
+        return model_path, Module.load(model_path, weight_path, module_config, runtime)
 
     def _processor_runtime(self) -> RuntimeManager:
         """MNN's processor runtime: the config's mllm settings when it has them, else the LLM's own."""
@@ -132,52 +142,66 @@ class Omni(Llm):
 
     # ---- prompts --------------------------------------------------------------------------------
     @contextmanager
-    def media_sources(self, images: dict[str, bytes]):
-        """While inside, <img>NAME</img> reads the bytes `images` holds under NAME, and no other
-        name is read as a file (the server's data: URLs: a client names no file of this machine)."""
+    def media_sources(self, media: dict[str, bytes]):
+        """While inside, <img>NAME</img> and <audio>NAME</audio> read the bytes `media` holds under
+        NAME, and no other name is read as a file (the server's data: URLs and input_audio parts:
+        a client names no file of this machine)."""
         saved = self._sources, self._read_files
-        self._sources, self._read_files = dict(images), False
+        self._sources, self._read_files = dict(media), False
         try:
             yield
         finally:
             self._sources, self._read_files = saved
 
-    def count_prompt_tokens(self, text: str) -> int:
-        """len(tokenizer_encode(text)) without decoding or encoding an image: each takes two
-        markers and one token per merged block (28x28; Qwen3-VL 32x32) of the size it is resized to."""
+    def count_prompt_tokens(self, text: str, media: dict[str, bytes] | None = None) -> int:
+        """len(tokenizer_encode(text)) without running a vision or audio graph: an image takes two
+        markers and one token per merged block (28x28; Qwen3-VL 32x32) of the size it is resized
+        to; a clip its markers and one token per four mel frames (the WAV is read, no feature is
+        computed). `media`: as media_sources() would give, for this count only."""
         count, cursor = 0, 0
         unit = self.vision.patch * MERGE_SIZE if self.vision else PATCH_SIZE * MERGE_SIZE
         for match in MEDIA_TAG.finditer(text):
             count += len(self.tokenizer.encode(text[cursor: match.start()]))
-            height, width = self._align(self._image_size(match.group(2))[0])
-            count += 2 + (height // unit) * (width // unit)
+            if match.group(1) == "audio":
+                self._require(self.audio, NO_AUDIO)
+                samples = self._read_audio(match.group(2), media).size
+                count += sum(map(len, self._audio_markers())) + audio_tokens(samples // HOP)
+            else:
+                height, width = self._align(self._image_size(match.group(2))[0])
+                count += 2 + (height // unit) * (width // unit)
             cursor = match.end()
         return count + len(self.tokenizer.encode(text[cursor:]))
 
     def tokenizer_encode(self, text: str) -> list[int]:
-        """Ids of a prompt with <img>…</img> parts; plain text encodes as Llm's does."""
+        """Ids of a prompt with <img>…</img> and <audio>…</audio> parts; plain text encodes as Llm's does."""
         if not MEDIA_TAG.search(text):
-            return super().tokenizer_encode(text)   # a pending image prompt stays pending
+            return super().tokenizer_encode(text)   # a pending media prompt stays pending
         ids: list[int] = []
         positions = MropePositions()
-        images: list[EncodedImage] = []
+        encoded = EncodedPrompt(ids, np.zeros((3, 0), np.int32), [], [])
         cursor = 0
         for match in MEDIA_TAG.finditer(text):
             piece = self.tokenizer.encode(text[cursor: match.start()])
             ids += piece
             positions.add_text(len(piece))
             if match.group(1) == "audio":
-                raise InputError("this engine does not implement audio input (<audio> parts)", field="prompt")
-            image = self._encode_image(match.group(2))
-            ids += [self._token("vision_start")] + [self._token("image_pad")] * image.rows.shape[0] + \
-                [self._token("vision_end")]
-            positions.add_image(*image.grid)
-            images.append(image)
+                rows = self._encode_audio(match.group(2))
+                start, end = self._audio_markers()
+                ids += start + [self._token("audio_pad")] * rows.shape[0] + end
+                positions.add_text(len(start) + rows.shape[0] + len(end))
+                encoded.audios.append(rows)
+            else:
+                image = self._encode_image(match.group(2))
+                ids += [self._token("vision_start")] + [self._token("image_pad")] * image.rows.shape[0] + \
+                    [self._token("vision_end")]
+                positions.add_image(*image.grid)
+                encoded.images.append(image)
             cursor = match.end()
         piece = self.tokenizer.encode(text[cursor:])
         ids += piece
         positions.add_text(len(piece))
-        self._encoded = EncodedPrompt(ids, positions.array(), images)
+        encoded.positions = positions.array()
+        self._encoded = encoded
         return list(ids)
 
     def _token(self, key: str) -> int:
@@ -186,23 +210,45 @@ class Omni(Llm):
             raise ConfigError(f"the id of the {key} token, got {value!r}", path=self.config.origin(key), field=key)
         return value
 
-    def _encode_image(self, content: str) -> EncodedImage:
-        if self.vision is None:
-            if not self._loaded:
-                raise InputError("call load() before encoding a prompt with an image", field="prompt")
-            raise InputError("this model has no vision module (is_visual is false); it cannot read <img>",
+    def _audio_markers(self) -> tuple[list[int], list[int]]:
+        """([audio_start], [audio_end]), each empty when the config has none (a negative id), as MNN."""
+        marks = (self.config.get("audio_start", -1), self.config.get("audio_end", -1))
+        return tuple([mark] if isinstance(mark, int) and mark >= 0 else [] for mark in marks)
+
+    def _media_bytes(self, source: str, part: str, media: dict[str, bytes] | None = None) -> bytes | None:
+        """The bytes media_sources() (or `media`) holds for a part's name, else None (read the file)."""
+        sources, read_files = (self._sources, self._read_files) if media is None else (media, False)
+        if source in sources:
+            return sources[source]
+        if not read_files:
+            raise InputError(f"media come as data here (image_url data: URLs, input_audio); <{part}> names no file",
                              field="prompt")
+        return None
+
+    def _encode_image(self, content: str) -> EncodedImage:
+        self._require(self.vision, "vision module (is_visual is false); it cannot read <img>")
         size, source = self._image_size(content)
-        if source in self._sources:
-            image = read_image(self._sources[source], name=source)
-        elif not self._read_files:
-            raise InputError("images come as image_url data: URLs here; <img> names no file", field="prompt")
-        else:
-            image = read_image(source)
+        data = self._media_bytes(source, "img")
+        image = read_image(source) if data is None else read_image(data, name=source)
         return self.vision.encode(image, self._align(size))
 
     def _align(self, size: tuple[int, int]) -> tuple[int, int]:
         return self.vision.align(*size) if self.vision else aligned_size(*size)
+
+    def _read_audio(self, content: str, media: dict[str, bytes] | None = None) -> np.ndarray:
+        source = content.strip()
+        data = self._media_bytes(source, "audio", media)
+        return read_wav(source) if data is None else read_wav(data, name=source)
+
+    def _encode_audio(self, content: str) -> np.ndarray:
+        self._require(self.audio, NO_AUDIO)
+        return self.audio.encode(self._read_audio(content))
+
+    def _require(self, module, missing: str) -> None:
+        if module is None:
+            if not self._loaded:
+                raise InputError("call load() before encoding a prompt with an image or audio", field="prompt")
+            raise InputError(f"this model has no {missing}", field="prompt")
 
     def _image_size(self, content: str) -> tuple[tuple[int, int], str]:
         """((height, width) before alignment, the image's name) of an <img> part: <hw>H,W</hw> or
@@ -215,40 +261,49 @@ class Omni(Llm):
 
     # ---- the forward pass -----------------------------------------------------------------------
     def forward(self, ids):
-        """As Llm's; when `ids` are the last image prompt's ids, or their end while the cache holds
-        the start (a prefix cache), its image rows and mrope positions go in with them."""
+        """As Llm's; when `ids` are the last media prompt's ids, or their end while the cache holds
+        the start (a prefix cache), its image and audio rows (and an mrope graph's positions) go in
+        with them."""
         encoded, ids = self._encoded, [int(i) for i in np.asarray(ids).reshape(-1)]
         offset = len(encoded.ids) - len(ids) if encoded is not None else -1
         if offset >= 0 and encoded.ids[offset:] == ids and self.runtime.kv_meta.kept >= offset:
-            self._forward_positions = encoded.positions[:, offset:] + (self.runtime.kv_meta.kept - offset)
-            skipped = sum(token == self.config.get("image_pad") for token in encoded.ids[:offset])
-            self._image_rows = [row for image in encoded.images for row in image.rows][skipped:]
-            self._deepstack_rows = [row for image in encoded.images if image.deepstack is not None
-                                    for row in image.deepstack.transpose(1, 0, 2)][skipped:]
-            self._encoded = None   # its images enter the cache once
+            if encoded.images or self.position_axes == 3:
+                self._forward_positions = encoded.positions[:, offset:] + (self.runtime.kv_meta.kept - offset)
+            images = [image.rows for image in encoded.images]
+            for key, media in (("image_pad", images), ("audio_pad", encoded.audios)):
+                pad = self.config.get(key)
+                skipped = sum(token == pad for token in encoded.ids[:offset])
+                self._media_rows[pad] = [row for rows in media for row in rows][skipped:]
+                if key == "image_pad":
+                    self._deepstack_rows = [row for image in encoded.images if image.deepstack is not None
+                                            for row in image.deepstack.transpose(1, 0, 2)][skipped:]
+            self._encoded = None   # its media enter the cache once
         try:
             return super().forward(ids)
         finally:
             self._forward_positions = None
-            self._image_rows, self._deepstack_rows = [], []
+            self._media_rows, self._deepstack_rows = {}, []
 
     def _embed(self, ids: list[int]) -> np.ndarray:
         self._deepstack = None
         rows = super()._embed(ids)
-        pad = self.config.get("image_pad")
-        slots = [i for i, token in enumerate(ids) if token == pad]
-        if not slots or (len(ids) == 1 and not self._image_rows):
-            return rows   # as MNN: one id is a text row, even a generated image_pad
-        if len(slots) > len(self._image_rows):
-            raise InputError("image_pad tokens with no image: put images in a prompt as <img>PATH</img> and "
-                             "forward the ids tokenizer_encode returned", field="input_ids")
-        rows = np.array(rows, dtype=np.float32)
-        if self._deepstack_rows:
-            self._deepstack = np.zeros((self._deepstack_rows[0].shape[0], len(ids), rows.shape[1]), np.float32)
-        for slot in slots:
-            rows[slot] = self._image_rows.pop(0)
-            if self._deepstack is not None:
-                self._deepstack[:, slot] = self._deepstack_rows.pop(0)
+        for key, noun, part in (("image_pad", "image", "<img>PATH</img>"), ("audio_pad", "audio", "<audio>PATH</audio>")):
+            pad = self.config.get(key)
+            waiting = self._media_rows.get(pad, [])
+            slots = [i for i, token in enumerate(ids) if token == pad]
+            if not slots or (len(ids) == 1 and not waiting):
+                continue   # as MNN: one id is a text row, even a generated pad id
+            if len(slots) > len(waiting):
+                raise InputError(f"{key} tokens with no {noun}: put it in a prompt as {part} and forward the "
+                                 "ids tokenizer_encode returned", field="input_ids")
+            rows = np.array(rows, dtype=np.float32)
+            deepstack = key == "image_pad" and self._deepstack_rows
+            if deepstack:
+                self._deepstack = np.zeros((self._deepstack_rows[0].shape[0], len(ids), rows.shape[1]), np.float32)
+            for slot in slots:
+                rows[slot] = waiting.pop(0)
+                if deepstack:
+                    self._deepstack[:, slot] = self._deepstack_rows.pop(0)
         return rows
 
     def _extra_feeds(self, rows: int) -> dict[str, np.ndarray]:

@@ -87,3 +87,36 @@ def backend_or_skip(backend_type: str):
 def backend_type(request) -> str:
     backend_or_skip(request.param)
     return request.param
+
+
+def load_multimodal(folder, backend_type: str):
+    """A vision or audio fixture loaded with its LLM and its processor graphs on `backend_type`
+    at precision high."""
+    from mnngpu import llm as mnngpu_llm
+
+    settings = {"backend_type": backend_type, "precision": "high", "thread_num": 2}
+    model = mnngpu_llm.create(folder)
+    model.set_config({**settings, "mllm": settings})
+    model.load()
+    return model
+
+
+def copy_model_files(source: Path, dest: Path, names, skip=(), **llm_config) -> Path:
+    """A copy of a fixture's model files `names` (less `skip`) in dest/model, with llm_config
+    keys changed; the tests that must not touch the fixture itself use it."""
+    import shutil
+
+    folder = dest / "model"
+    folder.mkdir()
+    for name in names:
+        if name not in skip:
+            shutil.copy2(source / name, folder / name)
+    if llm_config:
+        path = folder / "llm_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **llm_config}))
+    return folder
+
+
+def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each file's (size, mtime): equal before and after a run when nothing was written there."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}

@@ -7,7 +7,8 @@ For each prompt it records the prompt ids, a greedy continuation of `steps` toke
 `forward` with the KV cache kept, and (optionally) the first step's full logits.
 With --replies it records instead the bytes `response()` streams for each prompt, which runs
 MNN's generation strategy (speculative_type) as its own engine does. With --image-embeds it also
-records a vision model's image embeddings (visual.mnn run by MNN on MNN-made patches).
+records a vision model's image embeddings (visual.mnn run by MNN on MNN-made patches), and with
+--audio-embeds an audio model's features and audio embeddings for a WAV file.
 Settings are the oracle's: precision high, memory high, thread_num 2.
 """
 
@@ -195,6 +196,25 @@ def record_image_embeds(model_dir: str, image_path: str, sizes: list[list[int]])
     return records
 
 
+def record_audio_embeds(model_dir: str, wav_path: str) -> dict[str, np.ndarray]:
+    """A WAV file as MNN's Omni reads it: MNN's audio loader (16 kHz) and whisper_fbank (no chunk
+    padding), and audio.mnn's audio_embeds from MNN's runtime (CPU, precision high) on them."""
+    import MNN.audio as audio  # noqa: PLR0402
+    import MNN.nn as nn  # noqa: PLR0402
+
+    waveform, _ = audio.load(wav_path, 16000)
+    features = audio.whisper_fbank(waveform, 16000, 128, 400, 160, 0)
+    runtime = nn.create_runtime_manager(({"backend": "CPU", "precision": "high", "memory": "high", "numThread": 2},))
+    module = nn.load_module_from_file(f"{model_dir}/audio.mnn", [], [], runtime_manager=runtime,
+                                      rearrange=True, shape_mutable=True)
+    out = module.forward([features])
+    out = out[0] if isinstance(out, list) else out
+    embeds = np.array(out.read(), dtype=np.float32)
+    return {"waveform": np.array(waveform.read(), dtype=np.float32),
+            "features": np.array(features.read(), dtype=np.float32),
+            "audio_embeds": embeds.reshape(-1, embeds.shape[-1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -207,7 +227,12 @@ def main() -> None:
     parser.add_argument("--image-embeds", nargs=2, metavar=("IMAGE", "SIZES_JSON"),
                         help="also record visual.mnn's output for IMAGE at each [height, width] of SIZES_JSON")
     parser.add_argument("--image-embeds-out", help="where --image-embeds writes its .npz")
+    parser.add_argument("--audio-embeds", metavar="WAV",
+                        help="also record MNN's waveform, whisper features and audio.mnn's output for WAV")
+    parser.add_argument("--audio-embeds-out", help="where --audio-embeds writes its .npz")
     args = parser.parse_args()
+    if args.audio_embeds:
+        np.savez(args.audio_embeds_out, **record_audio_embeds(args.model_dir, args.audio_embeds))
     if args.image_embeds:
         image, sizes = args.image_embeds
         np.savez(args.image_embeds_out, **record_image_embeds(args.model_dir, image, json.loads(sizes)))

@@ -58,7 +58,7 @@ def model_with(tmp_path: Path, **llm_config) -> Path:
 
 @pytest.mark.parametrize("key, value", [
     ("mrope_axes", 4), ("attention_mask", "glm"),
-    ("attention_mask", "glm2"), ("is_audio", True), ("is_single", False),
+    ("attention_mask", "glm2"), ("audio_type", "conformer"), ("is_single", False),
     ("ple_embed_file", "ple.bin"), ("attention_mode", 12), ("quant_qkv", 4),
     ("attention_mode", 3),
 ])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -29,7 +28,7 @@ from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import MropePositions, Omni
 from mnngpu.vision import read_image
 from tests.conformance.test_fixture_models import greedy
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, copy_model_files, folder_state
 
 VISION = FIXTURES.parent / "vision" / "qwen2_vl_int4"
 IMAGE = VISION / "image.png"
@@ -53,15 +52,7 @@ def expected_reply(model, steps: int = 16) -> str:
 
 
 def copy_model(tmp_path: Path, skip: tuple[str, ...] = (), **llm_config) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for name in MODEL_FILES:
-        if name not in skip:
-            shutil.copy2(VISION / name, folder / name)
-    if llm_config:
-        path = folder / "llm_config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **llm_config}))
-    return folder
+    return copy_model_files(VISION, tmp_path, MODEL_FILES, skip, **llm_config)
 
 
 # ---- positions and the config test -------------------------------------------------------------------
@@ -106,7 +97,7 @@ def test_run_with_image_streams_the_reference_reply(capsys, model):
 
 def test_run_refuses_audio_and_an_image_for_a_text_model(capsys):
     assert main(["run", str(VISION), "--audio", "tone.wav", "-p", "hi", "-n", "1"]) != 0
-    assert "audio input is not implemented" in capsys.readouterr().err
+    assert "no audio module" in capsys.readouterr().err
     assert main(["run", str(FIXTURES / "qwen2_int4_b64"), "--image", str(IMAGE), "-p", "hi", "-n", "1"]) != 0
     assert "no vision module" in capsys.readouterr().err
 
@@ -195,8 +186,10 @@ def test_image_pad_ids_without_an_image_and_audio_parts_are_refused(model):
     model.reset()
     with pytest.raises(InputError, match="image_pad tokens with no image"):
         model.forward([1, pad, pad, 2])
-    with pytest.raises(InputError, match="audio input"):
+    with pytest.raises(InputError, match="no audio module"):
         model.tokenizer_encode("<audio>tone.wav</audio>hi")
+    with pytest.raises(InputError, match="no audio module"):
+        model.count_prompt_tokens("<audio>tone.wav</audio>hi")
 
 
 def test_a_missing_visual_graph_is_one_config_error(tmp_path):
@@ -208,12 +201,12 @@ def test_a_missing_visual_graph_is_one_config_error(tmp_path):
 
 def test_nothing_is_written_into_the_model_folder(tmp_path):
     folder = copy_model(tmp_path)
-    before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+    before = folder_state(folder)
     omni = mnngpu_llm.create(folder)
     omni.set_config({"precision": "high"})
     omni.load()
     omni.generate(omni.tokenizer_encode(f"<img>{IMAGE}</img>hi"), max_new_tokens=2)
-    assert {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()} == before
+    assert folder_state(folder) == before
 
 
 def test_a_big_image_is_resized_to_the_configured_size_without_keeping_it(model):
@@ -275,7 +268,7 @@ def test_qwen3_counts_32_pixel_blocks_and_feeds_deepstack_rows():
     image = model._encoded.images[0]
     slots = [i for i, token in enumerate(ids) if token == model.config.get("image_pad")]
     # what forward() of those ids arranges for its graph run: image rows and their deepstack rows
-    model._image_rows = list(image.rows)
+    model._media_rows = {model.config.get("image_pad"): list(image.rows)}
     model._deepstack_rows = list(image.deepstack.transpose(1, 0, 2))
     model._embed(ids)
     feed = model._extra_feeds(len(ids) + 2)["deepstack_embeds"]   # two pad rows of a fixed-shape chunk
@@ -300,20 +293,15 @@ def test_qwen3_deepstack_rows_follow_their_image_across_prefill_chunks():
     assert np.abs(first - hf_logits[0]).max() <= 1e-3 * hf_logits[0].std()
     assert tokens == prompt["hf_greedy"]
 
+
 def test_has_deepstack_needs_the_graphs_deepstack_input(tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(VISION, folder)
-    path = folder / "llm_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "has_deepstack": True}))
+    folder = copy_model(tmp_path, has_deepstack=True)
     with pytest.raises(ModelFormatError, match="deepstack_embeds"):
         mnngpu_llm.create(folder).load()
 
 
 def test_has_deepstack_without_vision_is_one_config_error(tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(QWEN3, folder)
-    path = folder / "llm_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "is_visual": False}))
+    folder = copy_model_files(QWEN3, tmp_path, [p.name for p in QWEN3.iterdir() if p.is_file()], is_visual=False)
     with pytest.raises(ConfigError, match="deepstack rows come from the vision graph") as caught:
         mnngpu_llm.create(folder).load()
     assert caught.value.field == "has_deepstack"

@@ -37,6 +37,7 @@ from mnn_export import (
     export_mnn,
     folder_size,
     save_hf_tokenizer,
+    set_export_settings,
     train_bpe_tokenizer,
 )
 
@@ -135,9 +136,7 @@ def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
 
 
 def set_fixture_settings(dest: Path) -> None:
-    for name, change in (("llm_config.json", {"image_size": IMAGE_SIZE}), ("config.json", {"mllm": MLLM})):
-        path = dest / name
-        path.write_text(json.dumps({**json.loads(path.read_text()), **change}, indent=4, ensure_ascii=False))
+    set_export_settings(dest, {"llm_config.json": {"image_size": IMAGE_SIZE}, "config.json": {"mllm": MLLM}})
 
 
 def record_oracle(name: str, dest: Path) -> dict:

@@ -10,6 +10,7 @@ ImportError before anything imports it; the converter runs fine without it.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,13 @@ def copy_model_files(export_dir: Path, out_dir: Path) -> None:
     for path in sorted(Path(export_dir).iterdir()):
         if path.name in MODEL_FILES or path.name.startswith(("tokenizer", "embeddings")):
             shutil.copy2(path, out_dir / path.name)
+
+
+def set_export_settings(dest: Path, changes: dict[str, dict]) -> None:
+    """Merge {file name: {key: value}} into an export's JSON files (a fixture's own settings)."""
+    for name, change in changes.items():
+        path = Path(dest) / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}, indent=4, ensure_ascii=False))
 
 
 def folder_size(path: Path) -> int:

@@ -30,10 +30,11 @@ from mnngpu.backends.cpu.execution import ViewExecution  # noqa: E402
 from mnngpu.backends.cpu.mapped_files import MappedFiles  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import CPUAttention, CPUEncoderAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution, UnaryExecution  # noqa: E402
-from mnngpu.backends.cpu.ops.matmul import CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
+from mnngpu.backends.cpu.ops.matmul import CPUConvolution, CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
 from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
 from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
+from mnngpu.runtime.host_ops import is_windowed  # noqa: E402
 from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, OPS, ROPE  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
@@ -79,10 +80,13 @@ class CPUBackend(Backend):
         self._scratch: dict[tuple[str, int], np.ndarray] = {}
 
     encoder_attention = True
+    windowed_convolution = True
 
     def onCreate(self, inputs, outputs, node):  # noqa: N802
         if node.type == "Attention" and not node.param.kv_cache:
             return CPUEncoderAttention(self, node)
+        if node.type == "Convolution" and is_windowed(node.param.common, inputs[0].shape):
+            return CPUConvolution(self, node)
         return super().onCreate(inputs, outputs, node)
 
     # ---- load ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`mnngpu run [MODEL] -p PROMPT [--image FILE]`: stream one reply, then llm_demo's statistics.
+"""`mnngpu run [MODEL] -p PROMPT [--image FILE] [--audio FILE]`: stream one reply, then llm_demo's statistics.
 
 Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`);
 on a terminal, or when stdin holds no text (/dev/null), it is DEFAULT_PROMPT, as --help says.
@@ -23,7 +23,8 @@ def register(subparsers) -> None:
                         help="an image the prompt starts with, for a vision model (repeatable; the same as "
                              "writing <img>FILE</img> in the prompt)")
     parser.add_argument("--audio", action="append", default=[], metavar="FILE",
-                        help="an audio file the prompt starts with (<audio>FILE</audio>), for an audio model")
+                        help="a WAV file the prompt starts with, for an audio model (repeatable; the same as "
+                             "writing <audio>FILE</audio> in the prompt)")
     add_speculative_argument(parser)
     parser.set_defaults(func=run)
 
@@ -41,11 +42,10 @@ def media_prompt(model, args) -> str:
     from mnngpu.errors import InputError
 
     if args.audio and not model.config.get("is_audio"):
-        raise InputError("this model has no audio module (is_audio is false); audio input is not implemented",
-                         path=args.audio[0], field="--audio")
+        raise InputError("this model has no audio module (is_audio is false)", path=args.audio[0], field="--audio")
     if args.image and not model.config.get("is_visual"):
         raise InputError("this model has no vision module (is_visual is false)", path=args.image[0], field="--image")
-    return "".join(f"<img>{path}</img>" for path in args.image)
+    return "".join(f"<img>{path}</img>" for path in args.image) + "".join(f"<audio>{path}</audio>" for path in args.audio)
 
 
 def run(args) -> int:

@@ -97,6 +97,11 @@ PAD_MODE: dict[int, str] = {
     0: 'CAFFE', 1: 'VALID', 2: 'SAME',
 }
 
+# PoolType, PoolPadType, AvgPoolCountType (byte)
+POOL_TYPE: dict[int, str] = {0: 'MAXPOOL', 1: 'AVEPOOL'}
+POOL_PAD_TYPE: dict[int, str] = {0: 'CAFFE', 1: 'VALID', 2: 'SAME'}
+AVG_POOL_COUNT_TYPE: dict[int, str] = {0: 'DEFAULT', 1: 'INCLUDE_PADDING', 2: 'EXCLUDE_PADDING'}
+
 
 # ScaleStorageType (byte)
 SCALE_STORAGE: dict[int, str] = {

@@ -183,6 +183,23 @@ class Convolution2DCommon:
 
 
 @flat_table
+class Pool:
+    padX: int = fb(I32, 0)
+    padY: int = fb(I32, 0)
+    isGlobal: bool = fb(BOOL, False)
+    kernelX: int = fb(I32, 0)
+    kernelY: int = fb(I32, 0)
+    strideX: int = fb(I32, 0)
+    strideY: int = fb(I32, 0)
+    type: str = fb(ByteEnum(E.POOL_TYPE), "MAXPOOL")
+    padType: str = fb(ByteEnum(E.POOL_PAD_TYPE), "CAFFE")
+    dataType: str = fb(DATA_TYPE, "DT_FLOAT")
+    ceilModel: bool = fb(BOOL, True)
+    pads: list[int] | None = fb(IntList())
+    countType: str = fb(ByteEnum(E.AVG_POOL_COUNT_TYPE), "DEFAULT")
+
+
+@flat_table
 class SparseCommon:
     method: str = fb(ByteEnum(E.SPARSE_ALGO), "RANDOM")
     args: list[Attribute] | None = fb(SubList(Attribute))
@@ -596,7 +613,7 @@ class ExtraInfo:
 
 
 PARAM_TABLES: dict[str, type] = {cls.__name__: cls for cls in (
-    Blob, Convolution2D, Axis, Input, Slice, Scale, Eltwise, Flatten, Permute, Reshape, Relu, Relu6,
+    Blob, Convolution2D, Pool, Axis, Input, Slice, Scale, Eltwise, Flatten, Permute, Reshape, Relu, Relu6,
     BinaryOp, PackParam, StridedSliceParam, SqueezeParam, CastParam, ReductionParam, Gather, ExpandDims,
     UnaryOp, TopKV2, Fill, GatherV2, Range, Rank, Size, Transpose, SliceTf, MatMul, MomentsParam,
     BatchMatMulParam, OneHotParam, PadParam, LayerNorm, GroupNorm, CumSum, TensorConvertInfo, Plugin,

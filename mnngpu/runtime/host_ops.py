@@ -216,6 +216,39 @@ def softmax(node, inputs):
     return shifted / shifted.sum(axis=axis, keepdims=True)
 
 
+def matmul(node, inputs):
+    p = node.param
+    if p is not None and (p.weight is not None or p.bias is not None):
+        raise ModelFormatError("a MatMul of its two inputs; one holding its own weight is not implemented",
+                               field=f"{node.name}.weight")
+    a, b = inputs[0], inputs[1]
+    if p is not None and p.transposeA:
+        a = np.swapaxes(a, -1, -2)
+    if p is not None and p.transposeB:
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b)
+
+
+def pooling(node, inputs):
+    """Max or average pooling of [n, c, h, w] (a 3-D [n, c, h] input is [n, c, h, 1] and its
+    output keeps three axes), over whole windows without padding."""
+    p, x = node.param, inputs[0]
+    if p.isGlobal or p.padType != "CAFFE" or p.padX or p.padY or any(p.pads or ()):
+        raise ModelFormatError("an unpadded, non-global Pooling (padType CAFFE); padded and global pooling are "
+                               "not implemented", field=f"{node.name}.pads")
+    shaped = x.reshape(*x.shape, 1) if x.ndim == 3 else x
+    h, w = shaped.shape[2:]
+    oh, ow = (h - p.kernelY) // p.strideY + 1, (w - p.kernelX) // p.strideX + 1
+    if p.ceilModel and ((h - p.kernelY) % p.strideY or (w - p.kernelX) % p.strideX):
+        raise ModelFormatError("a Pooling whose windows tile its input (ceilModel with a partial last window is "
+                               "not implemented)", field=f"{node.name}.ceilModel")
+    windows = np.stack([shaped[:, :, ky: ky + p.strideY * (oh - 1) + 1: p.strideY,
+                               kx: kx + p.strideX * (ow - 1) + 1: p.strideX]
+                        for ky in range(p.kernelY) for kx in range(p.kernelX)])
+    pooled = windows.max(axis=0) if p.type == "MAXPOOL" else windows.mean(axis=0, dtype=np.float32)
+    return pooled.astype(x.dtype, copy=False).reshape(pooled.shape[:3] if x.ndim == 3 else pooled.shape)
+
+
 def top_k_axis(inputs, rank: int) -> tuple[int, int]:
     """(k, axis) of a TopKV2: k from input 1, the axis from input 2, else the last."""
     k = int(np.asarray(inputs[1]).reshape(-1)[0])
@@ -313,13 +346,29 @@ def conv_window(common):
             top, left, bottom, right)
 
 
+def conv_output_size(common, height: int, width: int) -> tuple[int, int]:
+    """(oh, ow) of a convolution window sliding over an [h, w] input (MNN's explicit pads)."""
+    kh, kw, sh, sw, dh, dw, top, left, bottom, right = conv_window(common)
+    return ((height + top + bottom - dh * (kh - 1) - 1) // sh + 1,
+            (width + left + right - dw * (kw - 1) - 1) // sw + 1)
+
+
+def is_windowed(common, in_shape) -> bool:
+    """A convolution that slides its window (not a 1x1 per-position linear layer, nor a patch
+    embedding whose window covers its whole unpadded input)."""
+    kh, kw, sh, sw, _, _, top, left, bottom, right = conv_window(common)
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not (top or left or bottom or right):
+        return False
+    return tuple(in_shape[2:]) != (kh, kw) or bool(top or left or bottom or right)
+
+
 def im2col(node, inputs):
     """[n, c, h, w] -> [c*kh*kw, n*oh*ow]: row c*kh*kw + ky*kw + kx, column (n, oy, ox)."""
     x = inputs[0]
     kh, kw, sh, sw, dh, dw, top, left, bottom, right = conv_window(node.param.common)
+    oh, ow = conv_output_size(node.param.common, *x.shape[2:])
     x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    n, c, h, w = x.shape
-    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    n, c = x.shape[:2]
     cols = np.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
     for ky in range(kh):
         for kx in range(kw):

@@ -73,6 +73,8 @@ OPS: dict[str, OpType] = {
     "LayerNorm": OpType(shapes.same, param="LayerNorm", param_required=ALWAYS),
     "Attention": OpType(shapes.attention, param="AttentionParam", param_required=ALWAYS, min_inputs=3),
     "Softmax": OpType(shapes.same, host_ops.softmax, param="Axis"),
+    "MatMul": OpType(shapes.matmul, host_ops.matmul, param="MatMul", min_inputs=2),
+    "Pooling": OpType(shapes.by_evaluation, host_ops.pooling, param="Pool", param_required=ALWAYS),
     "TopKV2": OpType(shapes.top_k, host_ops.top_k, param="TopKV2", min_inputs=2),
     "Reduction": OpType(shapes.reduction, host_ops.reduction, param="ReductionParam", param_required=ALWAYS),
     # inlined at load (runtime/moe.py): its expert subgraphs' ops and an EXPERT_ADD chain run it

@@ -40,15 +40,17 @@ def _convolution(node: Node, inputs: list[Tensor]) -> Shape:
     if len(x) < 2 or x[1] != common.inputCount:
         raise ModelFormatError(f"Convolution expects {common.inputCount} input channels, got shape {x}",
                                field=node.name)
-    if (common.kernelX, common.kernelY) == (1, 1):
+    if len(x) not in (3, 4):
+        if (common.kernelX, common.kernelY) != (1, 1):
+            raise ModelFormatError(f"a {common.kernelY}x{common.kernelX} Convolution needs an [n, c, h, w] "
+                                   f"or [n, c, h] input, got {x}", field=node.name)
         return (x[0], common.outputCount, *x[2:])
-    # a patch embedding: the window covers the whole [h, w] input, so it is a linear layer over
-    # c*kh*kw values per image (general convolutions are not implemented)
-    kh, kw, _, _, _, _, top, left, bottom, right = host_ops.conv_window(common)
-    if len(x) != 4 or x[2:] != (kh, kw) or top or left or bottom or right:
-        raise ModelFormatError(f"a {kh}x{kw} Convolution is run only as a patch embedding (an unpadded "
-                               f"[n, c, {kh}, {kw}] input, one output per image); got input {x}", field=node.name)
-    return (x[0], common.outputCount, 1, 1)
+    if common.group != 1 or common.padMode != "CAFFE":
+        raise ModelFormatError(f"a Convolution with group 1 and explicit pads (CAFFE), got group {common.group}, "
+                               f"padMode {common.padMode}: grouped and SAME/VALID convolutions are not implemented",
+                               field=node.name)
+    out = (x[0], common.outputCount, *host_ops.conv_output_size(common, *x[2:], *((1,) if len(x) == 3 else ())))
+    return out[:len(x)]   # as MNN, a 3-D [n, c, h] input is [n, c, h, 1] and its output keeps three axes
 
 
 def _gather(node: Node, inputs: list[Tensor]) -> Shape:
@@ -95,11 +97,23 @@ def by_evaluation(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtyp
     evaluator = {"Squeeze": host_ops.squeeze, "Unsqueeze": host_ops.unsqueeze,
                  "StridedSlice": host_ops.strided_slice, "SliceTf": host_ops.slice_tf,
                  "Transpose": host_ops.transpose, "Permute": host_ops.permute, "Unpack": host_ops.unpack,
-                 "Im2Col": host_ops.im2col, "TopKV2": host_ops.top_k}[node.type]
+                 "Im2Col": host_ops.im2col, "TopKV2": host_ops.top_k, "Pooling": host_ops.pooling}[node.type]
     x = inputs[0]
     result = evaluator(node, [host_ops.shape_stand_in(x), *_host_values(node, inputs, 1)])
     return [(part.shape, part.dtype if node.type == "TopKV2" else x.dtype)
             for part in (result if isinstance(result, tuple) else (result,))]
+
+
+def matmul(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    a, b = (list(t.shape) for t in inputs[:2])
+    if node.param is not None and node.param.transposeA:
+        a[-2:] = a[-1], a[-2]
+    if node.param is not None and node.param.transposeB:
+        b[-2:] = b[-1], b[-2]
+    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+        raise ModelFormatError(f"MatMul of {inputs[0].shape} and {inputs[1].shape}: inner sizes differ",
+                               field=node.name)
+    return [((*np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])), a[-2], b[-1]), inputs[0].dtype)]
 
 
 def eltwise(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:

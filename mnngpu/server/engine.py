@@ -87,7 +87,9 @@ class ServedModel:
             sampler = Sampler({**config, **sampler_overrides(request, config)})
             if request.images and not self.llm.config.get("is_visual"):
                 raise InputError("this model reads no images (is_visual is false)", field="messages")
-            prompt_tokens = self.llm.count_prompt_tokens(prompt)
+            if request.audios and not self.llm.config.get("is_audio"):
+                raise InputError("this model reads no audio (is_audio is false)", field="messages")
+            prompt_tokens = self.llm.count_prompt_tokens(prompt, request.media)
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
         limit = self.llm.config.max_all_tokens
@@ -146,7 +148,7 @@ class ServedModel:
         self.llm.sampler = job.sampler
         self._running = job
         try:
-            with self.llm.media_sources(job.request.images):
+            with self.llm.media_sources(job.request.media):
                 reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
                                        show_special=self.show_special,
                                        prefix=system_prefix(self.llm, job.request.messages))

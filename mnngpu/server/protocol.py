@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies checked into dataclasses, and the JSON that goes back.
 
 Only what the engine can honour is read: `messages` (text and, for a vision model, image_url parts
-given as data: URLs) or `prompt`, `max_tokens`
+given as data: URLs; for an audio model, input_audio parts holding base64 WAV data) or `prompt`, `max_tokens`
 (`max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, `stream` and
 `stream_options.include_usage`. Other fields OpenAI clients send are ignored; `n` other
 than 1 is refused, since one reply is generated per request.
@@ -53,6 +53,11 @@ class GenerationRequest:
     messages: list[dict] = field(default_factory=list)  # chat completions
     prompt: str = ""                                      # completions
     images: dict[str, bytes] = field(default_factory=dict)  # <img>NAME</img> in messages -> the image's bytes
+    audios: dict[str, bytes] = field(default_factory=dict)  # <audio>NAME</audio> in messages -> the WAV's bytes
+
+    @property
+    def media(self) -> dict[str, bytes]:
+        return {**self.images, **self.audios}
 
 
 def parse_chat_request(body: dict) -> GenerationRequest:
@@ -61,7 +66,7 @@ def parse_chat_request(body: dict) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "expected 'messages' to be a non-empty list of {role, content} objects",
                        param="messages")
-    request.messages = [_parse_message(m, f"messages[{i}]", request.images) for i, m in enumerate(messages)]
+    request.messages = [_parse_message(m, f"messages[{i}]", request) for i, m in enumerate(messages)]
     return request
 
 
@@ -95,7 +100,7 @@ def _parse_common(body: dict) -> GenerationRequest:
     )
 
 
-def _parse_message(message: Any, param: str, images: dict[str, bytes]) -> dict:
+def _parse_message(message: Any, param: str, request: GenerationRequest) -> dict:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, "expected an object with a string 'role'", param=param)
     if message["role"] not in ROLES:
@@ -104,15 +109,16 @@ def _parse_message(message: Any, param: str, images: dict[str, bytes]) -> dict:
     if content is None:
         content = ""
     if isinstance(content, list):
-        content = "".join(_content_part(part, f"{param}.content[{i}]", images) for i, part in enumerate(content))
+        content = "".join(_content_part(part, f"{param}.content[{i}]", request) for i, part in enumerate(content))
     if not isinstance(content, str):
-        raise ApiError(400, "expected 'content' to be a string or a list of text and image_url parts",
+        raise ApiError(400, "expected 'content' to be a string or a list of text, image_url and input_audio parts",
                        param=f"{param}.content")
     return {"role": message["role"], "content": content}
 
 
-def _content_part(part: Any, param: str, images: dict[str, bytes]) -> str:
-    """A text part's text, or an image_url part as <img>NAME</img> with its bytes in `images`."""
+def _content_part(part: Any, param: str, request: GenerationRequest) -> str:
+    """A text part's text, an image_url part as <img>NAME</img> with its bytes in request.images,
+    or an input_audio part as <audio>NAME</audio> with its bytes in request.audios."""
     if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
         return part["text"]
     if isinstance(part, dict) and part.get("type") == "image_url":
@@ -122,9 +128,27 @@ def _content_part(part: Any, param: str, images: dict[str, bytes]) -> str:
             raise ApiError(400, "expected 'image_url.url' to be a string", param=f"{param}.image_url")
         data = _data_url_bytes(url, f"{param}.image_url.url")
         name = "image:" + hashlib.sha256(data).hexdigest()[:32]   # the same bytes, the same prompt text
-        images[name] = data
+        request.images[name] = data
         return f"<img>{name}</img>"
-    raise ApiError(400, "only text and image_url content parts are supported", param=param)
+    if isinstance(part, dict) and part.get("type") == "input_audio":
+        data = _input_audio_bytes(part.get("input_audio"), f"{param}.input_audio")
+        name = "audio:" + hashlib.sha256(data).hexdigest()[:32]
+        request.audios[name] = data
+        return f"<audio>{name}</audio>"
+    raise ApiError(400, "only text, image_url and input_audio content parts are supported", param=param)
+
+
+def _input_audio_bytes(audio: Any, param: str) -> bytes:
+    """The WAV bytes of an input_audio part {"data": BASE64, "format": "wav"}."""
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise ApiError(400, "expected 'input_audio' to be an object with base64 'data' and 'format'", param=param)
+    if audio.get("format") != "wav":
+        raise ApiError(400, f"only 'wav' input_audio is read, got format {audio.get('format')!r}",
+                       param=f"{param}.format")
+    try:
+        return base64.b64decode(audio["data"], validate=True)
+    except binascii.Error:
+        raise ApiError(400, "the input_audio data is not valid base64", param=f"{param}.data") from None
 
 
 def _data_url_bytes(url: str, param: str) -> bytes:

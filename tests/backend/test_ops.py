@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import Node
+from mnngpu.errors import ModelFormatError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime import fusion
+from mnngpu.runtime import fusion, host_ops
 from tests import reference
 from tests.backend.harness import (
     KINDS,
@@ -295,6 +296,79 @@ def test_patch_convolution_is_a_linear_layer_over_each_window(backend):
     want = np.einsum("nchw,ochw->no", x.astype(np.float64), w.astype(np.float64))
     assert got.shape == (5, 8, 1, 1)
     close(backend, got.reshape(5, 8), want)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, pads", [
+    ((1, 6, 11), (3, 1), (1, 1), (1, 0, 1, 0)),   # Qwen2-Audio's conv1 over time: [n, c, length] input
+    ((2, 6, 11), (3, 1), (2, 1), (1, 0, 1, 0)),   # its stride-2 conv2
+    ((1, 4, 7, 6), (3, 2), (2, 1), (0, 1, 2, 0)),
+])
+def test_windowed_convolution_slides_its_window(backend, shape, kernel, stride, pads):
+    """A convolution whose window slides (padded, strided; a 3-D input as [n, c, h, 1]) runs on the
+    CPU: the device backends decline it. Truth: the sum written out per output position."""
+    rng = np.random.default_rng(31)
+    (kh, kw), (sh, sw), (top, left, bottom, right) = kernel, stride, pads
+    c, oc = shape[1], 5
+    w = rng.normal(0, 0.3, (oc, c, kh, kw)).astype(np.float32)
+    bias = rng.normal(0, 0.1, oc).astype(np.float32)
+    weight = QuantizedLinear(oc, c * kh * kw, 32, c * kh * kw, False, np.zeros((oc, 0), np.uint8),
+                             np.zeros((oc, 0), np.float32), np.zeros((oc, 0), np.float32), bias,
+                             float_weight=w.reshape(oc, -1))
+    common = P.Convolution2DCommon(inputCount=c, outputCount=oc, kernelY=kh, kernelX=kw, strideY=sh, strideX=sw,
+                                   pads=[top, left, bottom, right])
+    x = stored(backend, rng.normal(0, 1, shape))
+    got = run(backend, Node("Convolution", "conv", P.Convolution2D(common=common), {"weight": weight}), [x],
+              declined_by=("opencl", "vulkan", "cuda"))
+    x4 = np.pad(x.reshape(*shape, 1) if len(shape) == 3 else x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    oh, ow = (x4.shape[2] - kh) // sh + 1, (x4.shape[3] - kw) // sw + 1
+    want = np.zeros((shape[0], oc, oh, ow))
+    for oy in range(oh):
+        for ox in range(ow):
+            window = x4[:, :, oy * sh: oy * sh + kh, ox * sw: ox * sw + kw].astype(np.float64)
+            want[:, :, oy, ox] = np.einsum("nchw,ochw->no", window, w.astype(np.float64)) + bias
+    assert got.shape == want.shape[:len(shape)]
+    close(backend, got.reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, False), (False, True)])
+def test_matmul_of_two_inputs(backend, transpose_a, transpose_b):
+    """The audio encoder's attention: [b, heads, n, d] @ [b, heads, d, n] (batched, broadcast)."""
+    rng = np.random.default_rng(32)
+    a = rng.normal(size=(1, 3, 5, 4)).astype(np.float32)
+    b = rng.normal(size=(3, 4, 6)).astype(np.float32)
+    a_in = np.swapaxes(a, -1, -2).copy() if transpose_a else a
+    b_in = np.swapaxes(b, -1, -2).copy() if transpose_b else b
+    node = Node("MatMul", "m", P.MatMul(transposeA=transpose_a, transposeB=transpose_b))
+    got = run(backend, node, [stored(backend, a_in), stored(backend, b_in)], declined_by=HOST_MOVEMENT)
+    want = np.einsum("xhnd,hdm->xhnm", a.astype(np.float64), b.astype(np.float64))
+    assert got.shape == (1, 3, 5, 6)
+    close(backend, got, want)
+
+
+@pytest.mark.parametrize("pool_type, shape, kernel, stride", [
+    ("AVEPOOL", (1, 4, 10), (2, 1), (2, 1)),     # Qwen2-Audio's avg_pooler over time
+    ("MAXPOOL", (2, 3, 6, 5), (2, 2), (2, 1)),
+])
+def test_pooling(backend, pool_type, shape, kernel, stride):
+    rng = np.random.default_rng(33)
+    x = stored(backend, rng.normal(size=shape))
+    (kh, kw), (sh, sw) = kernel, stride
+    node = Node("Pooling", "pool", P.Pool(type=pool_type, kernelY=kh, kernelX=kw, strideY=sh, strideX=sw,
+                                          ceilModel=False))
+    got = run(backend, node, [x], declined_by=HOST_MOVEMENT)
+    x4 = x.reshape(*shape, 1) if len(shape) == 3 else x
+    oh, ow = (x4.shape[2] - kh) // sh + 1, (x4.shape[3] - kw) // sw + 1
+    reduce = np.max if pool_type == "MAXPOOL" else np.mean
+    want = np.array([[[[reduce(x4[n, c, i * sh: i * sh + kh, j * sw: j * sw + kw]) for j in range(ow)]
+                       for i in range(oh)] for c in range(shape[1])] for n in range(shape[0])])
+    assert got.shape == want.shape[:len(shape)]
+    close(backend, got.reshape(want.shape), want)
+
+
+def test_padded_pooling_is_refused():
+    node = Node("Pooling", "pool", P.Pool(type="AVEPOOL", kernelY=2, kernelX=2, strideY=1, strideX=1, pads=[1, 1]))
+    with pytest.raises(ModelFormatError, match="unpadded"):
+        host_ops.pooling(node, [np.zeros((1, 1, 4, 4), np.float32)])
 
 
 # ---- data movement ------------------------------------------------------------------------------------------

@@ -17,24 +17,15 @@ import json
 import numpy as np
 import pytest
 
-from mnngpu import llm as mnngpu_llm
 from mnngpu.omni import Omni
 from mnngpu.vision import read_image
 from tests.conformance.test_fixture_models import greedy
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, load_multimodal
 
 VISION = FIXTURES.parent / "vision"
 NAMES = sorted(p.name for p in VISION.iterdir() if (p / "reference.json").exists())
 TOLERANCE = 1e-3
 pytest.importorskip("PIL")
-
-
-def load(folder, backend_type: str) -> Omni:
-    model = mnngpu_llm.create(folder)
-    model.set_config({"backend_type": backend_type, "precision": "high", "thread_num": 2,
-                      "mllm": {"backend_type": backend_type, "precision": "high", "thread_num": 2}})
-    model.load()
-    return model
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -44,7 +35,7 @@ def test_vision_model_matches_references(name, backend_type):
     mnn_embeds = np.load(folder / "image_embeds.npz")
     hf_logits = np.load(folder / "hf_first_logits.npy")
     mnn_logits = np.load(folder / "first_logits.npy")
-    model = load(folder, backend_type)
+    model = load_multimodal(folder, backend_type)
     assert isinstance(model, Omni)
     image = read_image(folder / "image.png")
     for height, width in ref["embed_sizes"]:

@@ -105,7 +105,9 @@ CRAFTED = {
              {"key": "lst", "list": {"i": [1, 2], "f": [0.5], "s": ["a"]}},
              {"key": "t", "tensor": {"dims": [2], "dataType": "DT_INT32", "int32s": [7, 8]}}]}},
         {"name": "pool", "type": "Pooling", "main_type": "Pool", "inputIndexes": [2], "outputIndexes": [3],
-         "main": {"kernelX": 2, "kernelY": 2}},
+         "main": {"kernelX": 2, "kernelY": 2, "type": "AVEPOOL", "pads": [0, 1], "countType": "INCLUDE_PADDING"}},
+        {"name": "pool3d", "type": "Pooling3D", "main_type": "Pool3D", "inputIndexes": [2], "outputIndexes": [3],
+         "main": {"kernels": [2, 2, 2]}},
         {"name": "half", "type": "Const", "main_type": "Blob", "outputIndexes": [3],
          "main": {"dims": [2], "dataType": "DT_HALF", "uint8s": [0, 60, 0, 192]}},
         {"name": "sh", "type": "Shape", "main_type": "ShapeParam", "inputIndexes": [0], "outputIndexes": [3],
@@ -126,8 +128,11 @@ def test_tables_beyond_the_llm_exports_match_their_json(tmp_path):
     net = read_net(mnn_path)
     assert_net_matches_json(net, mnn_to_json(mnn_path, tmp_path))
     by_name = {op.name: op for op in net.ops}
-    assert by_name["pool"].param == UnknownParam("Pool")
-    assert by_name["pool"].param_type == "Pool"
+    pool = by_name["pool"].param
+    assert (pool.kernelX, pool.type, pool.pads, pool.countType, pool.ceilModel) == \
+        (2, "AVEPOOL", [0, 1], "INCLUDE_PADDING", True)   # ceilModel: the schema's default
+    assert by_name["pool3d"].param == UnknownParam("Pool3D")
+    assert by_name["pool3d"].param_type == "Pool3D"
     np.testing.assert_array_equal(by_name["half"].param.array(), np.array([1.0, -2.0], dtype=np.float32))
     attrs = {a.key: a for a in by_name["ex"].param.attr}
     assert attrs["num_experts"].i == 8 and attrs["name"].s == "moe0"
