@@ -6,7 +6,7 @@ tokens the cache already holds (KVMeta); the mask input only names a key window 
 layer of a mix export: runtime.attention_mask), which hides keys `window` or more positions back.
 
 A decode step or a verify block (up to ROWS_KERNEL_MAX query rows) is a numba loop over the
-heads that reads each cached key and value once for all its rows. Prefill multiplies with BLAS
+heads, each row of a head in turn, the same arithmetic whatever the number of rows. Prefill multiplies with BLAS
 per KV head and block of queries, `QUERY_BLOCK` rows at a time, so the score matrix stays small.
 """
 
@@ -138,41 +138,38 @@ def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, sc
     q, out [rows, heads, dim]: row r is position past + r and sees keys [_first_key, past + r].
     keys, values [kv_heads, capacity, dim], float32 or int8 codes, each token's row times its
     key_scale / value_scale [kv_heads, capacity] entry; scores [rows, heads, >= past + rows] work
-    space. Each key and value row is read once for all the query rows, and a row's arithmetic
-    does not depend on how many rows there are: a verify row computes what its decode step would."""
+    space. A row's arithmetic does not depend on how many rows there are: a verify row computes
+    what its decode step would; the rows read a head's keys and values from cache."""
     rows, heads, dim = q.shape
     group = heads // keys.shape[0]
-    total = past + rows
-    lo = _first_key(past, window)
+    width = np.uint64(dim)   # unsigned indices: no negative-index wraparound, so the dots vectorize
     for h in numba.prange(heads):
         g = h // group
-        for t in range(lo, total):
-            for r in range(rows):
-                if _first_key(past + r, window) <= t <= past + r:
-                    s = np.float32(0.0)
-                    for i in range(dim):
-                        s += q[r, h, i] * np.float32(keys[g, t, i])
-                    scores[r, h, t] = s * (scale * key_scale[g, t])
-        norms = np.empty(rows, dtype=np.float32)
+        head_keys, head_values = keys[g], values[g]
+        key_scales, value_scales = key_scale[g], value_scale[g]
+        acc = np.empty(dim, dtype=np.float32)
         for r in range(rows):
-            first, last = _first_key(past + r, window), past + r
+            first, last = np.uint64(_first_key(past + r, window)), np.uint64(past + r)
+            query, row_scores = q[r, h], scores[r, h]
             best = np.float32(-np.inf)
-            for t in range(first, last + 1):
-                best = max(best, scores[r, h, t])
+            for t in range(first, last + np.uint64(1)):
+                s = np.float32(0.0)
+                for i in range(width):
+                    s += query[i] * np.float32(head_keys[t, i])
+                s *= scale * key_scales[t]
+                row_scores[t] = s
+                best = max(best, s)
             norm = np.float32(0.0)
-            for t in range(first, last + 1):
-                e = fastmath.exp(scores[r, h, t] - best)
-                scores[r, h, t] = e
+            for t in range(first, last + np.uint64(1)):
+                e = fastmath.exp(row_scores[t] - best)
+                row_scores[t] = e
                 norm += e
-            norms[r] = norm
-            for i in range(dim):
-                out[r, h, i] = 0.0
-        for t in range(lo, total):
-            for r in range(rows):
-                if _first_key(past + r, window) <= t <= past + r:
-                    p = scores[r, h, t] / norms[r] * value_scale[g, t]
-                    for i in range(dim):
-                        out[r, h, i] += p * np.float32(values[g, t, i])
+            acc[:] = 0.0
+            for t in range(first, last + np.uint64(1)):
+                p = row_scores[t] / norm * value_scales[t]
+                for i in range(width):
+                    acc[i] += p * np.float32(head_values[t, i])
+            out[r, h] = acc
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
