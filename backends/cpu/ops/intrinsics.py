@@ -229,21 +229,29 @@ def row_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per
                          xq, xscale, xsum), codegen
 
 
-@intrinsic
-def row4_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xqs, xscales,
-                xsums, first):
-    """row_u4_s16 for rows first..first+3 of the 2-D xqs, xscales and xsums (a tuple of four):
-    the weight row's nibbles are unpacked once for the four."""
-    if not all(isinstance(a, types.Array) for a in (codes, alpha, xqs, xscales, xsums)):
-        return None
+def _rows_intrinsic(count: int):
+    """row_u4_s16 for rows first..first+count-1 of the 2-D xqs, xscales and xsums (a tuple of
+    `count`): the weight row's nibbles are unpacked once for all of them."""
 
-    def codegen(context, builder, signature, args):
-        head = _row_arguments(context, builder, signature, args)
-        x = []
-        for r in range(4):
-            row = builder.add(args[10], ir.Constant(_I64, r))
-            x.append(tuple(_data_pointer(context, builder, t, a, row) for t, a in zip(signature.args[7:10], args[7:10])))
-        return context.make_tuple(builder, signature.return_type, _row_sums(builder, *head, x))
+    def rows_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xqs, xscales,
+                    xsums, first):
+        if not all(isinstance(a, types.Array) for a in (codes, alpha, xqs, xscales, xsums)):
+            return None
 
-    return types.UniTuple(types.float32, 4)(codes, types.intp, alpha, types.intp, types.float32, types.intp,
-                                            types.intp, xqs, xscales, xsums, types.intp), codegen
+        def codegen(context, builder, signature, args):
+            head = _row_arguments(context, builder, signature, args)
+            x = []
+            for r in range(count):
+                row = builder.add(args[10], ir.Constant(_I64, r))
+                x.append(tuple(_data_pointer(context, builder, t, a, row)
+                               for t, a in zip(signature.args[7:10], args[7:10])))
+            return context.make_tuple(builder, signature.return_type, _row_sums(builder, *head, x))
+
+        return types.UniTuple(types.float32, count)(codes, types.intp, alpha, types.intp, types.float32, types.intp,
+                                                    types.intp, xqs, xscales, xsums, types.intp), codegen
+
+    rows_u4_s16.__name__ = rows_u4_s16.__qualname__ = f"row{count}_u4_s16"
+    return intrinsic(rows_u4_s16)
+
+
+row2_u4_s16, row3_u4_s16, row4_u4_s16 = (_rows_intrinsic(count) for count in (2, 3, 4))

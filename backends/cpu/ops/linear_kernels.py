@@ -27,7 +27,14 @@ from numba import prange
 
 from mnngpu import jit
 from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.backends.cpu.ops.intrinsics import PREFETCH_BYTES, prefetch, row4_u4_s16, row_u4_s16
+from mnngpu.backends.cpu.ops.intrinsics import (
+    PREFETCH_BYTES,
+    prefetch,
+    row2_u4_s16,
+    row3_u4_s16,
+    row4_u4_s16,
+    row_u4_s16,
+)
 
 SIXTEENTH = np.float32(0.0625)
 HALF_64 = 32                  # bytes per int4 block of 64, the exporter's default block
@@ -188,7 +195,8 @@ def _put(out, i, r, value, gated):
 @numba.njit(inline="always", **_KERNEL)
 def _linear_rows(codes, alpha, k, bias, r, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated):
     """Row r of the matrix times every row i of xs, plus bias[r], put into out[i, r] (_put):
-    ROW_GROUP rows of x at a time share the decoding of the weight row."""
+    ROW_GROUP rows of x at a time share the decoding of the weight row, and at precision low so
+    do the two or three left over."""
     extra = bias[r] if bias.size else np.float32(0.0)
     rows = xs.shape[0]
     grouped = rows - rows % ROW_GROUP
@@ -198,9 +206,22 @@ def _linear_rows(codes, alpha, k, bias, r, xs, nibbles, block, xds, xos, xsums, 
         _put(out, i + 1, r, v1 + extra, gated)
         _put(out, i + 2, r, v2 + extra, gated)
         _put(out, i + 3, r, v3 + extra, gated)
-    for i in range(grouped, rows):
-        value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
-        _put(out, i, r, value + extra, gated)
+    left = rows - grouped
+    if xqs.shape[1] and left == 3:   # the rows left over share the weight row too (precision low)
+        v0, v1, v2 = row3_u4_s16(codes, r * codes.strides[0], alpha, r * (alpha.strides[0] // 4), k,
+                                 block // QUANT_CHUNK, xsums.shape[1], xqs, xscales, xsums, grouped)
+        _put(out, grouped, r, v0 + extra, gated)
+        _put(out, grouped + 1, r, v1 + extra, gated)
+        _put(out, grouped + 2, r, v2 + extra, gated)
+    elif xqs.shape[1] and left == 2:
+        v0, v1 = row2_u4_s16(codes, r * codes.strides[0], alpha, r * (alpha.strides[0] // 4), k,
+                             block // QUANT_CHUNK, xsums.shape[1], xqs, xscales, xsums, grouped)
+        _put(out, grouped, r, v0 + extra, gated)
+        _put(out, grouped + 1, r, v1 + extra, gated)
+    else:
+        for i in range(grouped, rows):
+            value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
+            _put(out, i, r, value + extra, gated)
 
 
 @numba.njit(**_KERNEL)
