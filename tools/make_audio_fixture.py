@@ -22,7 +22,6 @@ is Qwen2-Audio's 151646), and "mllm" precision/memory high (as the vision fixtur
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import wave
@@ -37,6 +36,7 @@ from mnn_export import (
     disable_converter_telemetry,
     export_mnn,
     folder_size,
+    record_oracle,
     save_hf_tokenizer,
     set_export_settings,
     train_bpe_tokenizer,
@@ -44,7 +44,6 @@ from mnn_export import (
 
 REPO = Path(__file__).resolve().parent.parent
 DEST = REPO / "tests" / "fixtures" / "audio" / "qwen2_audio_int4"
-ORACLE = REPO / "tests" / "mnn_oracle.py"
 TRANSFORMERS = "4.57."
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
 TONE, TONE_RATE, TONE_SECONDS = "tone.wav", 11025, 1.0   # resampled to 16 kHz on reading
@@ -105,16 +104,11 @@ def set_fixture_settings(dest: Path) -> None:
                                "config.json": {"mllm": MLLM}})
 
 
-def record_oracle(dest: Path) -> dict:
+def record_mnn(dest: Path) -> dict:
     tone = dest / TONE
     prompts = [p.format(audio=tone) for p in PROMPTS]
-    with tempfile.TemporaryDirectory() as tmp:
-        record = Path(tmp) / "oracle.json"
-        subprocess.run([sys.executable, str(ORACLE), str(dest), "--prompts-json", json.dumps(prompts),
-                        "--steps", "16", "--json-out", str(record), "--logits-out", str(dest / "first_logits.npy"),
-                        "--audio-embeds", str(tone), "--audio-embeds-out", str(dest / "audio_embeds.npz")],
-                       check=True, capture_output=True)
-        result = json.loads(record.read_text())
+    result = record_oracle(dest, prompts, "--audio-embeds", str(tone),
+                           "--audio-embeds-out", str(dest / "audio_embeds.npz"))
     for prompt, template in zip(result["prompts"], PROMPTS):
         prompt["text"] = template
     return result
@@ -132,7 +126,7 @@ def make_fixture() -> Path:
             (DEST / file).write_bytes((out_dir / file).read_bytes())
         make_tone(DEST / TONE)
         set_fixture_settings(DEST)
-        reference = record_oracle(DEST)
+        reference = record_mnn(DEST)
     reference.update(export_args=EXPORT_ARGS, family="qwen2_audio",
                      fixture_settings={"audio_pad": SPECIAL_TOKENS.index("<|AUDIO|>"), "mllm": MLLM})
     (DEST / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")

@@ -29,13 +29,13 @@ from mnn_export import (
     disable_converter_telemetry,
     export_mnn,
     folder_size,
+    record_oracle,
     save_hf_tokenizer,
     train_bpe_tokenizer,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "models"
-ORACLE = REPO / "tests" / "mnn_oracle.py"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja")
@@ -166,15 +166,6 @@ def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
             dict(sorted(Counter(sub_ops).items())))
 
 
-def record_oracle(model_dir: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        record = Path(tmp) / "oracle.json"
-        subprocess.run([sys.executable, str(ORACLE), str(model_dir), "--prompts-json", json.dumps(PROMPTS),
-                        "--steps", "16", "--json-out", str(record),
-                        "--logits-out", str(model_dir / "first_logits.npy")], check=True, capture_output=True)
-        return json.loads(record.read_text())
-
-
 def to_readable_json(value: dict) -> str:
     """JSON with one prompt record per line, so diffs of regenerated fixtures stay readable."""
     prompts = value["prompts"]
@@ -204,7 +195,7 @@ def make_fixture(spec: FixtureSpec) -> Path:
             (dest / "hf" / "adapter").mkdir()
             for name in ADAPTER_FILES:
                 shutil.copy2(Path(tmp) / "adapter" / name, dest / "hf" / "adapter" / name)
-    reference = record_oracle(dest)
+    reference = record_oracle(dest, PROMPTS)
     reference["export_args"] = spec.export_args
     reference["family"] = spec.family
     reference["tied"] = spec.tied

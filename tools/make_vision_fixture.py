@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +35,7 @@ from mnn_export import (
     disable_converter_telemetry,
     export_mnn,
     folder_size,
+    record_oracle,
     save_hf_tokenizer,
     set_export_settings,
     train_bpe_tokenizer,
@@ -43,7 +43,6 @@ from mnn_export import (
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "vision"
-ORACLE = REPO / "tests" / "mnn_oracle.py"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
 IMAGE = "image.png"
@@ -139,16 +138,11 @@ def set_fixture_settings(dest: Path) -> None:
     set_export_settings(dest, {"llm_config.json": {"image_size": IMAGE_SIZE}, "config.json": {"mllm": MLLM}})
 
 
-def record_oracle(name: str, dest: Path) -> dict:
+def record_mnn(name: str, dest: Path) -> dict:
     image = dest / IMAGE
     prompts = [p.format(image=image) for p in PROMPTS]
-    with tempfile.TemporaryDirectory() as tmp:
-        record = Path(tmp) / "oracle.json"
-        subprocess.run([sys.executable, str(ORACLE), str(dest), "--prompts-json", json.dumps(prompts),
-                        "--steps", "16", "--json-out", str(record), "--logits-out", str(dest / "first_logits.npy"),
-                        "--image-embeds", str(image), json.dumps(embed_sizes(name)),
-                        "--image-embeds-out", str(dest / "image_embeds.npz")], check=True, capture_output=True)
-        result = json.loads(record.read_text())
+    result = record_oracle(dest, prompts, "--image-embeds", str(image), json.dumps(embed_sizes(name)),
+                           "--image-embeds-out", str(dest / "image_embeds.npz"))
     for prompt, template in zip(result["prompts"], PROMPTS):
         prompt["text"] = template
     return result
@@ -266,7 +260,7 @@ def make_fixture(name: str) -> Path:
             shutil.copy2(out_dir / file, dest / file)
         make_test_image(dest / IMAGE)
         set_fixture_settings(dest)
-        reference = record_oracle(name, dest)
+        reference = record_mnn(name, dest)
         record_hf_reference(name, hf_dir, dest, reference)
     reference.update(export_args=["--quant_bit", "4", "--quant_block", "64"], family=SPECS[name][0],
                      fixture_settings={"image_size": IMAGE_SIZE, "mllm": MLLM}, embed_sizes=embed_sizes(name))

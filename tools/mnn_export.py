@@ -1,6 +1,7 @@
 """Run MNN's real exporter (`llmexport`) on a HuggingFace-format folder, safely and offline.
 
-Shared by make_fixtures.py, make_bench_model.py and train_demo_model.py.
+Shared by make_fixtures.py, make_vision_fixture.py, make_audio_fixture.py, make_bench_model.py and
+train_demo_model.py; record_oracle runs MNN's own runtime on an export (tests/mnn_oracle.py).
 
 `mnn`'s converter imports MNN/tools/utils/log.py, which pip-installs a logging SDK into
 whatever Python `pip` resolves to and then posts usage logs. We make that module raise
@@ -14,8 +15,10 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+ORACLE = Path(__file__).resolve().parent.parent / "tests" / "mnn_oracle.py"
 TELEMETRY_GUARD = 'raise ImportError("converter telemetry disabled by mnngpu tools")\n'
 
 
@@ -66,6 +69,19 @@ def set_export_settings(dest: Path, changes: dict[str, dict]) -> None:
     for name, change in changes.items():
         path = Path(dest) / name
         path.write_text(json.dumps({**json.loads(path.read_text()), **change}, indent=4, ensure_ascii=False))
+
+
+def record_oracle(model_dir: Path, prompts: list[str], *extra_args: str) -> dict:
+    """What MNN's runtime does on model_dir: tests/mnn_oracle.py's JSON record of 16 greedy steps
+    for each prompt, its first-step logits written to model_dir/first_logits.npy; extra_args are
+    the oracle's other options (--image-embeds ..., --audio-embeds ...)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "oracle.json"
+        subprocess.run([sys.executable, str(ORACLE), str(model_dir), "--prompts-json", json.dumps(prompts),
+                        "--steps", "16", "--json-out", str(record),
+                        "--logits-out", str(Path(model_dir) / "first_logits.npy"), *extra_args],
+                       check=True, capture_output=True)
+        return json.loads(record.read_text())
 
 
 def folder_size(path: Path) -> int:
