@@ -69,6 +69,7 @@ class CPUBackend(Backend):
         threads = max(1, min(config.thread_num, numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(threads)
         set_blas_threads(1)
+        memory.fix_mmap_threshold()
         self.workers = WorkerPool.shared(threads)
         self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
         self.quantize_activations = config.precision == "low"   # decode GEMV on int16 x (ops/linear_kernels.py)
