@@ -8,6 +8,7 @@ activation into one arena by lifetime (memory.py) and binds each execution to it
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 
@@ -139,7 +140,7 @@ class CPUBackend(Backend):
     def scratch(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A float32 work array of `shape`, this thread's own, reused (and grown) across calls."""
         key = (name, threading.get_ident())
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         buffer = self._scratch.get(key)
         if buffer is None or buffer.size < size:
             buffer = self._scratch[key] = np.empty(size, dtype=np.float32)

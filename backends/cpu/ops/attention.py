@@ -49,6 +49,7 @@ class KVCache:
         self.k = zeros(shape, np.int8 if int8_keys else np.float32)
         self.v = zeros(shape, np.int8 if int8_values else np.float32)
         self.k_scale = self.v_scale = None
+        self._ones = None   # scales() of a float cache, made once per capacity
         if self.quantized:
             self.k_scale = self._scales(shape[:2], int8_keys)
             self.v_scale = self._scales(shape[:2], int8_values)
@@ -63,8 +64,9 @@ class KVCache:
         """The key and value scales per head and token; for a float cache, ones (a broadcast view)."""
         if self.quantized:
             return self.k_scale, self.v_scale
-        ones = np.broadcast_to(np.float32(1.0), self.k.shape[:2])
-        return ones, ones
+        if self._ones is None or self._ones.shape != self.k.shape[:2]:
+            self._ones = np.broadcast_to(np.float32(1.0), self.k.shape[:2])
+        return self._ones, self._ones
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +89,10 @@ class KVCache:
     def store(self, start: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Put keys and values (kv_heads, tokens, head_dim) at positions start..; room must exist."""
         stop = start + keys.shape[1]
+        if not self.quantized:
+            self.k[:, start:stop] = keys
+            self.v[:, start:stop] = values
+            return
         for name, new, int8 in (("k", keys, self.int8[0]), ("v", values, self.int8[1])):
             if int8:
                 codes, scales = quantize_int8(np.asarray(new, dtype=np.float32))
@@ -263,17 +269,22 @@ class CPUAttention(CPUExecution):
         self.v_new = self.value(self.inputs[2]).reshape(seq, kvh, dim).transpose(1, 0, 2)
         self.out = self.outputs[0].device.reshape(seq, self.heads, dim)
         self.attend_rows = None
+        self.scores = None
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         cache = self._cache()
         meta = self.backend.kv_meta
-        past = cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
+        past = meta.previous - meta.remove
+        if meta.reserve:
+            past = cache.apply_reserve(past, meta.reserve)
         cache.ensure(past + self.seq)
         cache.store(past, self.k_new, self.v_new)
         if self.seq <= ROWS_KERNEL_MAX:
-            scores = self.backend.scratch("attention_scores", (self.seq, self.heads, past + self.seq))
+            if self.scores is None or self.scores.shape[2] < past + self.seq:   # grown with the cache only
+                self.scores = self.backend.scratch("attention_scores", (self.seq, self.heads, cache.k.shape[1]))
             key_scale, value_scale = cache.scales()
-            args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, scores, self.out)
+            args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, self.scores,
+                    self.out)
             if self.attend_rows is None:   # the same argument types every step
                 self.attend_rows = jit.runnable(attend_rows, args)
             self.attend_rows(*args)
