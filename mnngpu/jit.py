@@ -42,11 +42,28 @@ def _user_cache_dir() -> Path:
     return Path(base) / "mnngpu" / "numba"
 
 
+def _shared_sources_digest() -> str:
+    """A digest of the CPU kernels' shared helpers (backends/cpu/ops: intrinsics, fastmath, ...).
+
+    numba checks a cached kernel against its own source file only, but the kernels inline helpers
+    from the other files there; after a change to one of those, the cache would still hand back
+    the old machine code. Each version of the helpers gets a cache folder of its own instead."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for ops in (here / "backends" / "cpu" / "ops", here.parent / "backends" / "cpu" / "ops"):  # wheel, checkout
+        if ops.is_dir():
+            for source in sorted(ops.glob("*.py")):
+                digest.update(source.name.encode() + source.read_bytes())
+            break
+    return digest.hexdigest()[:12]
+
+
 # Compiled kernels are cached in the user's cache, never next to an installed (maybe read-only)
 # package. numba picks the place when a kernel is decorated, so every module with kernels
 # imports this one first.
-if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(_user_cache_dir())
+_KERNELS_FOLDER = f"kernels-{_shared_sources_digest()}"
+_base = Path(os.environ.get("NUMBA_CACHE_DIR") or _user_cache_dir())
+numba.config.CACHE_DIR = str(_base if _base.name == _KERNELS_FOLDER else _base / _KERNELS_FOLDER)
 
 
 def cache_dir() -> Path:
