@@ -68,15 +68,16 @@ def kernel_for(rows: int, gated: bool):
     return kernels.gemv_group if rows == 1 else kernels.gemv_rows_group
 
 
-def best_seconds(kernel, copies: list, repeats: int) -> float:
+def call_seconds(kernel, copies: list, repeats: int) -> tuple[float, float]:
+    """The best and the mean time of one call, each call on the next copy."""
     kernel(*copies[0])
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         for args in copies:
             start = time.perf_counter()
             kernel(*args)
-            best = min(best, time.perf_counter() - start)
-    return best
+            times.append(time.perf_counter() - start)
+    return min(times), sum(times) / len(times)
 
 
 def main() -> int:
@@ -91,7 +92,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(cpu_description())
     print(f"read bandwidth {read_bandwidth_gbs(args.threads):.1f} GB/s; threads {args.threads}")
-    print(f"{'shape':10s} {'rows':>4s} {'precision':>9s} {'us/call':>9s} {'GB/s':>7s}")
+    print(f"{'shape':10s} {'rows':>4s} {'precision':>9s} {'us/call':>9s} {'GB/s':>7s} {'mean us':>9s} {'mean GB/s':>9s}")
     for name, (outs, ic) in SHAPES.items():
         gated = name == "gate+up"
         weight_bytes = sum(oc * ic // 2 + oc * ic // BLOCK * 8 for oc in outs)
@@ -99,8 +100,9 @@ def main() -> int:
         for precision in args.precision:
             for rows in args.rows:
                 copies = [call_args(rng, outs, ic, rows, precision == "low", gated) for _ in range(n_copies)]
-                seconds = best_seconds(kernel_for(rows, gated), copies, args.repeats)
-                print(f"{name:10s} {rows:4d} {precision:>9s} {seconds * 1e6:9.1f} {weight_bytes / seconds / 1e9:7.2f}")
+                best, mean = call_seconds(kernel_for(rows, gated), copies, args.repeats)
+                print(f"{name:10s} {rows:4d} {precision:>9s} {best * 1e6:9.1f} {weight_bytes / best / 1e9:7.2f}"
+                      f" {mean * 1e6:9.1f} {weight_bytes / mean / 1e9:9.2f}")
                 del copies
     return 0
 

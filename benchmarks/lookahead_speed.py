@@ -36,12 +36,12 @@ CODE = '''def clamp(value, low, high):
 '''
 
 
-def load(folder: str, threads: int, precision: str, speculative: str, draft_length: int):
+def load(folder: str, threads: int, precision: str, speculative: str, draft_length: int, rule: str = "freqxlen"):
     model = mnngpu_llm.create(folder)
     model.set_config({"backend_type": "cpu", "thread_num": threads, "precision": precision,
                       "sampler_type": "greedy", "use_template": False, "reuse_kv": False,
                       "speculative_type": speculative, "draft_predict_length": draft_length,
-                      "ngram_update": True})
+                      "ngram_update": True, "draft_selection_rule": rule})
     model.load()
     return model
 
@@ -80,12 +80,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=6, help="copies of the text in the prompt")
     parser.add_argument("--draft-length", type=int, default=3, help="draft_predict_length")
+    parser.add_argument("--rule", default="freqxlen", choices=["freqxlen", "fcfs"],
+                        help="draft_selection_rule (MNN's default: freqxlen)")
     parser.add_argument("--text", help="a text file to repeat instead of the built-in function")
     args = parser.parse_args()
 
     text = Path(args.text).read_text(encoding="utf-8") if args.text else CODE
     ar = load(args.model, args.threads, args.precision, "", args.draft_length)
-    spec = load(args.model, args.threads, args.precision, "lookahead", args.draft_length)
+    spec = load(args.model, args.threads, args.precision, "lookahead", args.draft_length, args.rule)
     ids = ar.tokenizer_encode(text * args.repeats)
     for model in (ar, spec):   # warm-up: kernel compilation (verify blocks too), then their first run
         decode(model, ids, 16)
@@ -102,7 +104,7 @@ def main() -> int:
     stats = spec.strategy.stats
     ar_median, spec_median = statistics.median(ar_speeds), statistics.median(spec_speeds)
     print(f"prompt {len(ids)} tokens, {args.tokens} decoded, threads {args.threads}, precision {args.precision}, "
-          f"draft_predict_length {args.draft_length}; outputs identical in {args.rounds} rounds")
+          f"draft_predict_length {args.draft_length}, draft_selection_rule {args.rule}; outputs identical in {args.rounds} rounds")
     print(f"AR        decode {ar_median:8.2f} tok/s   (rounds: {', '.join(f'{s:.2f}' for s in ar_speeds)})")
     print(f"lookahead decode {spec_median:8.2f} tok/s   (rounds: {', '.join(f'{s:.2f}' for s in spec_speeds)})")
     print(f"speed-up {spec_median / ar_median:.2f}x; acceptance {100 * stats.acceptance_rate:.1f} %, "
