@@ -4,8 +4,9 @@
 
 Each shape is an int4 matrix, block 64, with random codes and (min, scale) pairs laid out as the
 weight file lays them, several copies of it so that every call reads from memory and not from
-cache. It prints the GB/s each kernel reads (codes + alpha bytes over the best time of a call)
-next to the machine's read bandwidth (machine.py), and the time per call in microseconds.
+cache. It prints the GB/s each kernel reads (codes + alpha bytes over the time of a call), for the
+best call and for the mean of all calls, next to the machine's read bandwidth (machine.py), and
+the time per call in microseconds.
 """
 
 from __future__ import annotations
