@@ -107,13 +107,13 @@ def test_gated_linear_is_up_times_silu_gate(rows, precision):
     close(got.reshape(rows, 200), reference.silu_mul(u, g), 5e-5)
 
 
-def test_a_row_of_a_few_gives_the_bits_it_gives_alone():
-    """At precision low a verify block's row (2 to 7 rows: groups of four, then two or three)
-    computes exactly what a one-row decode step computes for it, so lookahead's greedy tokens are
-    AR's even where two logits nearly tie."""
-    precision = "low"
+@pytest.mark.parametrize("bits, precision", [(4, "low"), (4, "high"), (8, "low")])   # int16 x; float x
+def test_a_row_of_a_few_gives_the_bits_it_gives_alone(bits, precision):
+    """A verify block's row (2 to 7 rows: groups of four, then two or three) computes exactly what
+    a one-row decode step computes for it, so lookahead's greedy tokens are AR's even where two
+    logits nearly tie."""
     rng = np.random.default_rng(11)
-    (gate, _), (up, _) = (quantized_linear(rng, 200, 256, 4, 64, bias=True) for _ in range(2))
+    (gate, _), (up, _) = (quantized_linear(rng, 200, 256, bits, 64, bias=True) for _ in range(2))
     for node in (conv_node(gate), fused_linear(fusion.GATED_LINEAR, [gate, up])):
         x = rng.normal(0, 1, (7, 256, 1, 1)).astype(np.float32)
         alone = np.concatenate([run(make_backend(precision), node, [x[i:i + 1]]).reshape(1, -1) for i in range(7)])

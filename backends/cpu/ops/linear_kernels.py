@@ -107,60 +107,7 @@ def _row(codes, alpha, k, o, x, xd, xo, xsum, nibbles, block, xq, xscale):
     return _dot(codes, alpha, k, o, x, xd, xo, xsum, True, block // 2)
 
 
-ROW_GROUP = 4   # rows of x that share one decoding of a weight row (row4_u4_s16's width)
-
-
-@numba.njit(inline="always", **_KERNEL)
-def _q4_bytes4(codes, row, base, xds, xos, i, width):
-    """_q4_bytes for rows i..i+3 of x: each byte converted once."""
-    d0 = d1 = d2 = d3 = np.float32(0.0)
-    for j in range(np.uint64(width)):
-        byte = np.float32(codes[row, base + j])
-        high = np.floor(byte * SIXTEENTH)
-        at = base + j
-        d0 += high * xds[i, at] + byte * xos[i, at]
-        d1 += high * xds[i + 1, at] + byte * xos[i + 1, at]
-        d2 += high * xds[i + 2, at] + byte * xos[i + 2, at]
-        d3 += high * xds[i + 3, at] + byte * xos[i + 3, at]
-    return d0, d1, d2, d3
-
-
-@numba.njit(inline="always", **_KERNEL)
-def _q8_bytes4(codes, row, base, xs, i, width):
-    d0 = d1 = d2 = d3 = np.float32(0.0)
-    for j in range(np.uint64(width)):
-        code = np.float32(codes[row, base + j])
-        at = base + j
-        d0 += code * xs[i, at]
-        d1 += code * xs[i + 1, at]
-        d2 += code * xs[i + 2, at]
-        d3 += code * xs[i + 3, at]
-    return d0, d1, d2, d3
-
-
-@numba.njit(inline="always", **_KERNEL)
-def _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, nibbles, width):
-    """_dot for rows i..i+3 of x (a tuple of four)."""
-    row = np.uint64(o)
-    row_bytes = codes.strides[0]
-    alpha_ahead = (o + PREFETCH_ALPHA_ROWS) * alpha.strides[0]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(np.uint64(xsums.shape[1])):
-        base = b * np.uint64(width)
-        prefetch(codes, o * row_bytes + np.int64(base) + PREFETCH_BYTES)
-        if b % 8 == 0:
-            prefetch(alpha, alpha_ahead + np.int64(b) * 8)
-        if nibbles:
-            d0, d1, d2, d3 = _q4_bytes4(codes, row, base, xds, xos, i, width)
-        else:
-            d0, d1, d2, d3 = _q8_bytes4(codes, row, base, xs, i, width)
-        scale = alpha[row, b, 1]
-        low = k * scale + alpha[row, b, 0]
-        a0 += scale * d0 + low * xsums[i, b]
-        a1 += scale * d1 + low * xsums[i + 1, b]
-        a2 += scale * d2 + low * xsums[i + 2, b]
-        a3 += scale * d3 + low * xsums[i + 3, b]
-    return a0, a1, a2, a3
+ROW_GROUP = 4   # rows of x that share one decoding of a weight row at precision low (row4_u4_s16's width)
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -168,18 +115,6 @@ def _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block):
     """_dot_quantized for rows i..i+3 of x (a tuple of four): the weight row decoded once."""
     return row4_u4_s16(codes, o * codes.strides[0], alpha, o * (alpha.strides[0] // 4), k, block // QUANT_CHUNK,
                        xsums.shape[1], xqs, xscales, xsums, i)
-
-
-@numba.njit(inline="always", **_KERNEL)
-def _row4(codes, alpha, k, o, xs, xds, xos, xsums, nibbles, block, xqs, xscales, i):
-    """_row for rows i..i+3 of x."""
-    if xqs.shape[1]:
-        return _dot4_quantized(codes, alpha, k, o, xqs, xscales, xsums, i, block)
-    if not nibbles:
-        return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, False, block)
-    if block == 2 * HALF_64:
-        return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, True, HALF_64)
-    return _dot4(codes, alpha, k, o, xs, xds, xos, xsums, i, True, block // 2)
 
 
 @numba.njit(inline="always", **_KERNEL)
@@ -193,35 +128,57 @@ def _put(out, i, r, value, gated):
 
 
 @numba.njit(inline="always", **_KERNEL)
-def _linear_rows(codes, alpha, k, bias, r, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated):
-    """Row r of the matrix times every row i of xs, plus bias[r], put into out[i, r] (_put):
-    ROW_GROUP rows of x at a time share the decoding of the weight row, and at precision low so
-    do the two or three left over."""
+def _quantized_rows(codes, alpha, k, bias, r, xs, block, xqs, xscales, xsums, out, gated):
+    """Row r of an int4 matrix times every row i of xs at precision low, plus bias[r], put into
+    out[i, r] (_put): ROW_GROUP rows of x at a time, and the two or three left over, share the
+    decoding of the weight row, each row's result the bits it has alone (intrinsics._row_sums)."""
     extra = bias[r] if bias.size else np.float32(0.0)
     rows = xs.shape[0]
     grouped = rows - rows % ROW_GROUP
     for i in range(0, grouped, ROW_GROUP):
-        v0, v1, v2, v3 = _row4(codes, alpha, k, r, xs, xds, xos, xsums, nibbles, block, xqs, xscales, i)
+        v0, v1, v2, v3 = _dot4_quantized(codes, alpha, k, r, xqs, xscales, xsums, i, block)
         _put(out, i, r, v0 + extra, gated)
         _put(out, i + 1, r, v1 + extra, gated)
         _put(out, i + 2, r, v2 + extra, gated)
         _put(out, i + 3, r, v3 + extra, gated)
     left = rows - grouped
-    if xqs.shape[1] and left == 3:   # the rows left over share the weight row too (precision low)
+    if left == 3:
         v0, v1, v2 = row3_u4_s16(codes, r * codes.strides[0], alpha, r * (alpha.strides[0] // 4), k,
                                  block // QUANT_CHUNK, xsums.shape[1], xqs, xscales, xsums, grouped)
         _put(out, grouped, r, v0 + extra, gated)
         _put(out, grouped + 1, r, v1 + extra, gated)
         _put(out, grouped + 2, r, v2 + extra, gated)
-    elif xqs.shape[1] and left == 2:
+    elif left == 2:
         v0, v1 = row2_u4_s16(codes, r * codes.strides[0], alpha, r * (alpha.strides[0] // 4), k,
                              block // QUANT_CHUNK, xsums.shape[1], xqs, xscales, xsums, grouped)
         _put(out, grouped, r, v0 + extra, gated)
         _put(out, grouped + 1, r, v1 + extra, gated)
+    elif left == 1:
+        value = _dot_quantized(codes, alpha, k, r, xqs[grouped], xscales[grouped], xsums[grouped], block)
+        _put(out, grouped, r, value + extra, gated)
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _float_rows(codes, alpha, k, bias, start, stop, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated):
+    """Rows start..stop-1 of the matrix times every row i of xs in float32 (int8 weights, or
+    precision normal and high), into out[i, r] (_put): each row of x over the span in turn, in the
+    one-row GEMV's own code, so each gives the bits it gives alone (LLVM vectorizes a loop shared
+    by the rows differently); the span's weight rows stay in cache from one row of x to the next."""
+    for i in range(xs.shape[0]):
+        x, xd, xo, xsum, xq, xscale = xs[i], xds[i], xos[i], xsums[i], xqs[i], xscales[i]   # xq, xscale: empty
+        for r in range(start, stop):
+            value = _row(codes, alpha, k, r, x, xd, xo, xsum, nibbles, block, xq, xscale)
+            _put(out, i, r, value + bias[r] if bias.size else value, gated)
+
+
+@numba.njit(inline="always", **_KERNEL)
+def _span_rows(codes, alpha, k, bias, start, stop, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated):
+    """Rows start..stop-1 of the matrix times every row of xs (_quantized_rows or _float_rows)."""
+    if xqs.shape[1]:
+        for r in range(start, stop):
+            _quantized_rows(codes, alpha, k, bias, r, xs, block, xqs, xscales, xsums, out, gated)
     else:
-        for i in range(grouped, rows):
-            value = _row(codes, alpha, k, r, xs[i], xds[i], xos[i], xsums[i], nibbles, block, xqs[i], xscales[i])
-            _put(out, i, r, value + extra, gated)
+        _float_rows(codes, alpha, k, bias, start, stop, xs, nibbles, block, xds, xos, xsums, xqs, xscales, out, gated)
 
 
 @numba.njit(**_KERNEL)
@@ -294,9 +251,8 @@ def _group_span_rows(item, codes_t, alpha_t, k_t, bias_t, spans, xs, nibbles, bl
                      out_t):
     """_group_span for every row i of xs, out_t[m] [rows, oc]: the span's weight rows stay in cache."""
     m = spans[item, 0]
-    for r in range(spans[item, 1], spans[item, 2]):
-        _linear_rows(codes_t[m], alpha_t[m], k_t[m], bias_t[m], r, xs, nibbles, block, xds, xos, xsums, xqs,
-                     xscales, out_t[m], False)
+    _span_rows(codes_t[m], alpha_t[m], k_t[m], bias_t[m], spans[item, 1], spans[item, 2], xs, nibbles, block, xds,
+               xos, xsums, xqs, xscales, out_t[m], False)
 
 
 @numba.njit(parallel=True, **_KERNEL)
@@ -364,9 +320,8 @@ def _gated_span_rows(start, codes_t, alpha_t, k_t, bias_t, xs, nibbles, block, x
     """_gated_span for every row of xs: the gate rows of the span, then its up rows."""
     stop = min(out.shape[1], start + GATED_SPAN)
     for member in range(2):
-        for r in range(start, stop):
-            _linear_rows(codes_t[member], alpha_t[member], k_t[member], bias_t[member], r, xs, nibbles, block, xds,
-                         xos, xsums, xqs, xscales, out, member == 1)
+        _span_rows(codes_t[member], alpha_t[member], k_t[member], bias_t[member], start, stop, xs, nibbles, block,
+                   xds, xos, xsums, xqs, xscales, out, member == 1)
 
 
 @numba.njit(parallel=True, **_KERNEL)
