@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mnngpu.errors import TokenizerError
 from mnngpu.tokenizer import tokenizer_json as tj
 from mnngpu.tokenizer.base import Tokenizer
 from mnngpu.tokenizer.header import TokenizerHeader, text_body
@@ -33,6 +34,8 @@ def load(path: Path, header: TokenizerHeader, data: bytes, body_offset: int) -> 
     vocab: dict[str, int] = {}
     for token_id, text in enumerate(texts):
         vocab.setdefault(text, token_id)
+    if not texts:
+        raise TokenizerError("the WordPiece vocabulary has no tokens", path=path, field="vocabulary")
     special_ids = {i for i in header.special_ids if 0 <= i < len(texts)}
     unk = UNK_TOKEN if UNK_TOKEN in vocab else texts[min(MNN_UNK_FALLBACK_ID, len(texts) - 1)]
     lowercase = is_uncased(vocab, special_ids)

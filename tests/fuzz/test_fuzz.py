@@ -53,3 +53,12 @@ def test_mutations_change_the_bytes_and_replay_exactly():
     assert once == again and once != data
     assert len(once) == 700
     assert mutate(b'{"a": 1, "b": [2]}', [("json_delete", 0, 0)]) == b'{"b": [2]}'
+
+
+def test_a_wordpiece_file_left_with_no_tokens_is_a_tokenizer_error(tmp_path):
+    """A case the fuzz run found: the BERT fixture cut short, then a line of it changed, leaves a
+    vocabulary of no tokens; that is one TokenizerError, not an IndexError."""
+    target = TARGETS["tokenizer"]
+    source = next(s for s in target.sources if s.parent.name == "bert")
+    assert run_case(target, source, [("truncate", 63683, 0), ("line", 1826605, 0)],
+                    tmp_path / "scratch") == "TokenizerError"
