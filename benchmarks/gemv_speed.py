@@ -54,13 +54,13 @@ def call_args(rng, outs: tuple, ic: int, rows: int, quantized: bool, gated: bool
     one = rows == 1
     x = xs[0] if one else xs
     bufs = tuple(b[0] for b in buffers) if one else buffers
-    if gated:
-        out = np.empty((rows, outs[0]), np.float32)
-        return (codes_t, alpha_t, k_t, bias_t, x, True, BLOCK, *bufs, out[0] if one else out)
     spans = kernels.row_spans(list(outs))
     out_t = tuple(np.empty((rows, oc), np.float32) for oc in outs)
-    return (codes_t, alpha_t, k_t, bias_t, spans, x, True, BLOCK, *bufs,
-            tuple(o[0] for o in out_t) if one else out_t)
+    group = (codes_t, alpha_t, k_t, bias_t, spans, x, True, BLOCK, *bufs, tuple(o[0] for o in out_t) if one else out_t)
+    if gated:   # + the output, up * silu(gate)
+        out = np.empty((rows, outs[0]), np.float32)
+        return (*group, out[0] if one else out)
+    return group
 
 
 def kernel_for(rows: int, gated: bool):

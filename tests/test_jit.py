@@ -115,10 +115,11 @@ def test_gemv_gated_twin(kernel, quantized):
     empty = np.zeros(0, np.float32)
 
     def args():
-        return (*_matrices([gate, up]), (empty, empty), x, True, block,
-                *_gemv_scratch(ic, block, quantized), np.empty(oc, np.float32))
+        return (*_matrices([gate, up]), (empty, empty), kernels.row_spans([oc, oc]), x, True, block,
+                *_gemv_scratch(ic, block, quantized), (np.empty(oc, np.float32), np.empty(oc, np.float32)),
+                np.empty(oc, np.float32))
 
-    (compiled, twin), = _both(kernel, args, (12,))
+    (compiled, twin), = _both(kernel, args, (14,))
     want = reference.silu_mul(up.times(x, quantized), gate.times(x, quantized))
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)

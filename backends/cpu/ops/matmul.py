@@ -145,11 +145,16 @@ class CPULinear(CPUExecution):
     def _gemv_args(self) -> tuple:
         first = self.weights[0]
         return (*self._matrices(), self._spans(), self.x[0], first.nibbles, first.block,
-                *(buffer[0] for buffer in self.buffers), tuple(out[0] for out in self.outs))
+                *(buffer[0] for buffer in self.buffers), tuple(out[0] for out in self._gemv_outputs()))
 
     def _rows_args(self) -> tuple:
         first = self.weights[0]
-        return (*self._matrices(), self._spans(), self.x, first.nibbles, first.block, *self.buffers, tuple(self.outs))
+        return (*self._matrices(), self._spans(), self.x, first.nibbles, first.block, *self.buffers,
+                tuple(self._gemv_outputs()))
+
+    def _gemv_outputs(self) -> list:
+        """Where the GEMVs write: the op's outputs [rows, oc] (a GatedLinear's gate and up differ)."""
+        return self.outs
 
     gemv_kernels = (kernels.gemv_group, kernels.gemv_group_serial)   # (parallel, serial)
     rows_kernels = (kernels.gemv_rows_group, kernels.gemv_rows_group_serial)
@@ -211,14 +216,15 @@ class CPUGatedLinear(CPULinear):
         self.out = self.outputs[0].device.reshape(self.rows, -1)
         super().bind()
 
+    def _gemv_outputs(self) -> list:
+        """gate and up [rows, oc], from which the kernel writes up * silu(gate) into the output."""
+        return [np.empty((self.rows, self.weights[0].oc), dtype=np.float32) for _ in range(2)]
+
     def _gemv_args(self) -> tuple:
-        first = self.weights[0]
-        return (*self._matrices(), self.x[0], first.nibbles, first.block, *(buffer[0] for buffer in self.buffers),
-                self.out[0])
+        return (*super()._gemv_args(), self.out[0])
 
     def _rows_args(self) -> tuple:
-        first = self.weights[0]
-        return (*self._matrices(), self.x, first.nibbles, first.block, *self.buffers, self.out)
+        return (*super()._rows_args(), self.out)
 
     def _prefill(self) -> None:
         gate, up = self.weights
