@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
+import numpy as np
 from numba.core.errors import NumbaPerformanceWarning
 
 log = logging.getLogger("mnngpu.jit")
@@ -224,9 +225,40 @@ class Standin:
 _STANDINS: dict[tuple, Standin] = {}
 
 
+_RUNNABLE: dict[tuple, Callable] = {}   # (kernel, _type_key of the arguments) -> what runnable returned
+
+
+def _type_key(arg):
+    """A cheap stand-in for numba.typeof(arg): equal keys mean equal numba types (an array's
+    class, dtype, dimensions, contiguity, writability and alignment), or None where it cannot tell."""
+    if isinstance(arg, np.ndarray):
+        flags = arg.flags
+        return (type(arg), arg.dtype, arg.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
+                flags.aligned)
+    if isinstance(arg, tuple):
+        keys = tuple(_type_key(item) for item in arg)
+        return None if None in keys else (tuple, keys)
+    if isinstance(arg, (bool, float, np.generic)):
+        return type(arg)
+    if isinstance(arg, int):
+        return int, -(1 << 63) <= arg < (1 << 63)   # numba types the ints outside int64 differently
+    return None
+
+
 def runnable(kernel, args: tuple) -> Callable:
     """What to call to run `kernel` on arguments of these types: the kernel itself once compiled
-    or cached; on a cold cache, a Standin that runs its numpy twin while it compiles."""
+    or cached; on a cold cache, a Standin that runs its numpy twin while it compiles. numba.typeof
+    costs tens of microseconds an array, so the answer is kept per _type_key."""
+    key = _type_key(args)
+    found = _RUNNABLE.get((kernel, key)) if key is not None else None
+    if found is None:
+        found = _resolve(kernel, args)
+        if key is not None:
+            _RUNNABLE[(kernel, key)] = found
+    return found
+
+
+def _resolve(kernel, args: tuple) -> Callable:
     sig = tuple(numba.typeof(arg) for arg in args)
     if sig in kernel.overloads:
         return kernel

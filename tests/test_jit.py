@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -299,3 +300,20 @@ def test_a_short_first_run_still_leaves_a_warm_cache(tmp_path):
     after = _run("once", tmp_path)
     assert after["standins"] == 0 and after["misses"] == []
     assert after["tokens"] == short["tokens"]
+
+
+def test_type_key_separates_exactly_what_numba_types_separate():
+    """runnable's cache key: two arguments share a key only if numba gives them the same type."""
+    base = np.zeros((4, 6), np.float32)
+    readonly = base.copy()
+    readonly.flags.writeable = False
+    samples = [base, base.T, base[:, ::2], base[0], readonly, base.astype(np.float64), base.astype(np.int8),
+               np.broadcast_to(np.float32(1), (4, 6)), np.zeros(3, np.float32), (base, base), (base, base[0]),
+               (base, 3), 3, 2 ** 63, 2.5, True, np.float32(1), np.int64(2), np.uint64(2)]
+    keys = [jit._type_key(sample) for sample in samples]
+    assert None not in keys
+    types_ = [numba.typeof(sample) for sample in samples]
+    for i, (key, type_) in enumerate(zip(keys, types_)):
+        for other_key, other_type in zip(keys[i + 1:], types_[i + 1:]):
+            assert (key == other_key) <= (type_ == other_type), (key, type_, other_type)
+    assert len(set(keys)) >= len(set(types_))

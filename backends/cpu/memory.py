@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 import numpy as np
 
@@ -26,6 +27,7 @@ MMAP_THRESHOLD = 128 * 1024   # bytes: glibc's own starting value
 _M_MMAP_THRESHOLD = -3        # mallopt's parameter number in glibc's malloc.h
 
 
+@functools.cache   # a process-wide setting: find_library runs a compiler or ldconfig, once is enough
 def fix_mmap_threshold() -> bool:
     """Keep glibc's malloc from raising its mmap threshold as arrays are freed.
 

@@ -138,6 +138,62 @@ def _first_key(position, window):
     return max(0, position + 1 - window) if window > 0 else 0
 
 
+_FOUR = np.uint64(4)   # keys per step of the score and value loops
+
+
+@numba.njit(inline="always", fastmath=True, cache=True, nogil=True)
+def _key_scores(query, keys, key_scales, scale, first, stop, row_scores):
+    """row_scores[t] = query . keys[t] * scale * key_scales[t] for first <= t < stop; returns their
+    maximum. Four keys a step share the loads of the query and the loop's overhead (twice as fast
+    as one). The steps start at `first`, so a position's scores do not depend on the other rows."""
+    width = np.uint64(query.size)
+    best = np.float32(-np.inf)
+    t = first
+    while t + _FOUR <= stop:
+        k0, k1, k2, k3 = keys[t], keys[t + np.uint64(1)], keys[t + np.uint64(2)], keys[t + np.uint64(3)]
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for i in range(width):
+            qi = query[i]
+            s0 += qi * np.float32(k0[i])
+            s1 += qi * np.float32(k1[i])
+            s2 += qi * np.float32(k2[i])
+            s3 += qi * np.float32(k3[i])
+        for j, s in enumerate((s0, s1, s2, s3)):
+            u = t + np.uint64(j)
+            row_scores[u] = s * (scale * key_scales[u])
+            best = max(best, row_scores[u])
+        t += _FOUR
+    while t < stop:
+        s = np.float32(0.0)
+        for i in range(width):
+            s += query[i] * np.float32(keys[t, i])
+        row_scores[t] = s * (scale * key_scales[t])
+        best = max(best, row_scores[t])
+        t += np.uint64(1)
+    return best
+
+
+@numba.njit(inline="always", fastmath=True, cache=True, nogil=True)
+def _weighted_values(weights, values, first, stop, acc):
+    """acc = sum over first <= t < stop of weights[t] * values[t], four value rows a step: one
+    load and store of acc per four rows (the chain through acc was the loop's bound)."""
+    width = np.uint64(acc.size)
+    acc[:] = 0.0
+    t = first
+    while t + _FOUR <= stop:
+        t1, t2, t3 = t + np.uint64(1), t + np.uint64(2), t + np.uint64(3)
+        p0, p1, p2, p3 = weights[t], weights[t1], weights[t2], weights[t3]
+        for i in range(width):
+            acc[i] += (p0 * np.float32(values[t, i]) + p1 * np.float32(values[t1, i])
+                       + p2 * np.float32(values[t2, i]) + p3 * np.float32(values[t3, i]))
+        t += _FOUR
+    while t < stop:
+        p = weights[t]
+        for i in range(width):
+            acc[i] += p * np.float32(values[t, i])
+        t += np.uint64(1)
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
     """A few query rows (a decode step, a verify block) over the cached keys, heads over the threads.
@@ -148,58 +204,50 @@ def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, sc
     what its decode step would; the rows read a head's keys and values from cache."""
     rows, heads, dim = q.shape
     group = heads // keys.shape[0]
-    width = np.uint64(dim)   # unsigned indices: no negative-index wraparound, so the dots vectorize
     for h in numba.prange(heads):
         g = h // group
         head_keys, head_values = keys[g], values[g]
         key_scales, value_scales = key_scale[g], value_scale[g]
         acc = np.empty(dim, dtype=np.float32)
         for r in range(rows):
-            first, last = np.uint64(_first_key(past + r, window)), np.uint64(past + r)
-            query, row_scores = q[r, h], scores[r, h]
-            best = np.float32(-np.inf)
-            for t in range(first, last + np.uint64(1)):
-                s = np.float32(0.0)
-                for i in range(width):
-                    s += query[i] * np.float32(head_keys[t, i])
-                s *= scale * key_scales[t]
-                row_scores[t] = s
-                best = max(best, s)
+            first, stop = np.uint64(_first_key(past + r, window)), np.uint64(past + r + 1)
+            row_scores = scores[r, h]
+            best = _key_scores(q[r, h], head_keys, key_scales, scale, first, stop, row_scores)
             norm = np.float32(0.0)
-            for t in range(first, last + np.uint64(1)):
+            for t in range(first, stop):
                 e = fastmath.exp(row_scores[t] - best)
                 row_scores[t] = e
                 norm += e
-            acc[:] = 0.0
-            for t in range(first, last + np.uint64(1)):
-                p = row_scores[t] / norm * value_scales[t]
-                for i in range(width):
-                    acc[i] += p * np.float32(head_values[t, i])
+            for t in range(first, stop):
+                row_scores[t] = row_scores[t] / norm * value_scales[t]
+            _weighted_values(row_scores, head_values, first, stop, acc)
             out[r, h] = acc
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
 def causal_softmax(scores, rows_per_query, first_visible, window):
     """scores [queries*rows_per_query, total] in place; row r sees keys [lo, visible) with
-    visible = first_visible + r // rows_per_query and lo = visible - window (0 with no window)."""
+    visible = first_visible + r // rows_per_query and lo = visible - window (0 with no window).
+    Unsigned indices into a row view: with signed 2-D indexing the loops did not vectorize (3x slower)."""
     for r in range(scores.shape[0]):
-        visible = first_visible + r // rows_per_query
-        lo = max(0, visible - window) if window > 0 else 0
+        row = scores[r]
+        visible = np.uint64(first_visible + r // rows_per_query)
+        lo = np.uint64(max(0, visible - window) if window > 0 else 0)
         for t in range(lo):
-            scores[r, t] = 0.0
+            row[t] = 0.0
         best = np.float32(-np.inf)
         for t in range(lo, visible):
-            best = max(best, scores[r, t])
+            best = max(best, row[t])
         norm = np.float32(0.0)
         for t in range(lo, visible):
-            e = fastmath.exp(scores[r, t] - best)
-            scores[r, t] = e
+            e = fastmath.exp(row[t] - best)
+            row[t] = e
             norm += e
         inv = np.float32(1.0) / norm
         for t in range(lo, visible):
-            scores[r, t] *= inv
-        for t in range(visible, scores.shape[1]):
-            scores[r, t] = 0.0
+            row[t] *= inv
+        for t in range(visible, np.uint64(row.size)):
+            row[t] = 0.0
 
 
 @jit.twin_of(attend_rows)
