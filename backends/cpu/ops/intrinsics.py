@@ -130,86 +130,46 @@ def _element_pointer(builder, base, index, element_bytes: int):
     return builder.gep(base, [builder.mul(index, ir.Constant(_I64, element_bytes))])
 
 
-LANES_PER_ROW = 4   # int32 partial sums kept per input row and chunk: 16 products each, < 2**24
 # numba's fastmath pass gives every float add and multiply that has no flag the "fast" flags, which
 # let LLVM reassociate them, and it may do so differently where a kernel handles one row or four.
 # A flag of our own ("no signed zeros", which changes no finite result) keeps these exact, so a
 # verify row computes the bits its decode step computes.
 _EXACT = ("nsz",)
+_DOT_FLOATS = ir.VectorType(_F32, DOT_LANES)
 
 
 class _XRow:
-    """The byte pointers of one input row's int16 values, chunk steps and block sums, and the float
-    accumulator of its block-sum terms (an alloca, which LLVM keeps in a register)."""
+    """The byte pointers of one input row's int16 values, chunk steps and block sums, and its two
+    float accumulators (allocas, which LLVM keeps in registers): `dots`, DOT_LANES lanes of the
+    scaled chunk dots, and `pair`, the block-sum terms."""
 
     def __init__(self, builder, pointers):
         self.xq, self.xscale, self.xsum = pointers
         self.pair = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 2), [0.0, 0.0]))
+        self.dots = cgutils.alloca_once_value(builder, ir.Constant(_DOT_FLOATS, [0.0] * DOT_LANES))
 
 
-def _fold_indices(rows: int, lanes: int) -> tuple[list[int], list[int]]:
-    """Lane indices of the first and the second half of each row's lanes, `rows` rows of `lanes`."""
-    half = lanes // 2
-    first = [r * lanes + i for r in range(rows) for i in range(half)]
-    return first, [index + half for index in first]
-
-
-def _halves_added(builder, a, b, rows: int, lanes: int):
-    """`rows` rows of `lanes` int32 lanes laid out over [a | b] (b is a again when they fit in a),
-    each row's two halves added: a vector of `rows` rows of lanes / 2. Integer sums: exact."""
-    first, second = _fold_indices(rows, lanes)
-    mask = ir.VectorType(_I32, len(first))
-    return builder.add(builder.shuffle_vector(a, b, ir.Constant(mask, first)),
-                       builder.shuffle_vector(a, b, ir.Constant(mask, second)))
-
-
-def _packed_rows(builder, dots: list):
-    """The chunk's integer dots of each input row (DOT_LANES int32 lanes each), folded to
-    LANES_PER_ROW lanes per row and packed into one vector: lanes 4r..4r+3 hold row r. A row's four
-    sums are the same integers whatever the number of rows, so its float result is too."""
-    count = 1 << (len(dots) - 1).bit_length()
-    zero = ir.Constant(dots[0].type, [0] * DOT_LANES)
-    items = [(dot, 1, DOT_LANES) for dot in dots] + [(zero, 1, DOT_LANES)] * (count - len(dots))
-    while len(items) > 1:   # pairs of vectors: combined, their rows' lanes halved while above 4
-        merged = []
-        for (a, rows, lanes), (b, _, _) in zip(items[0::2], items[1::2]):
-            if lanes > LANES_PER_ROW:
-                merged.append((_halves_added(builder, a, b, 2 * rows, lanes), 2 * rows, lanes // 2))
-            else:   # already four lanes a row (256-bit dots): the two vectors side by side
-                mask = ir.Constant(ir.VectorType(_I32, 2 * a.type.count), list(range(2 * a.type.count)))
-                merged.append((builder.shuffle_vector(a, b, mask), 2 * rows, lanes))
-        items = merged
-    vector, rows, lanes = items[0]
-    while lanes > LANES_PER_ROW:   # one vector left: its rows' lanes halved alone
-        vector = _halves_added(builder, vector, vector, rows, lanes)
-        lanes //= 2
-    return vector
-
-
-def _row_factors(builder, scale, xscales: list, count: int):
-    """scale * xscale_r for each row r, each in its row's LANES_PER_ROW lanes (0 for padding rows)."""
-    factors = [builder.fmul(scale, xscale, flags=_EXACT) for xscale in xscales]
-    factors += [ir.Constant(_F32, 0.0)] * (count - len(xscales))
-    short = ir.VectorType(_F32, count)
-    vector = ir.Constant(short, ir.Undefined)
-    for index, factor in enumerate(factors):
-        vector = builder.insert_element(vector, factor, ir.Constant(_I32, index))
-    spread = [r for r in range(count) for _ in range(LANES_PER_ROW)]
-    return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, len(spread)), spread))
+def _lanes_sum(builder, vector):
+    """The sum of a float vector's lanes, its halves added until one lane is left: a fixed order."""
+    while vector.type.count > 1:
+        half = vector.type.count // 2
+        mask = ir.VectorType(_I32, half)
+        low = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half))))
+        high = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half, 2 * half))))
+        vector = builder.fadd(low, high, flags=_EXACT)
+    return builder.extract_element(vector, ir.Constant(_I32, 0))
 
 
 def _row_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers) -> list:
     """The int4 weight row times each input row at precision low:
         sum_b scale_b * sum_{c in b} xscale_c * dot_c  +  sum_b (k * scale_b + min_b) * xsum_b
     where chunk c is 32 code bytes (64 nibbles, high first) and 64 int16 x values laid out as
-    [even elements (32) | odd elements (32)], dot_c their integer dot product. Each row's dot is
-    kept as LANES_PER_ROW exact integer sums, the rows packed into one vector (_packed_rows), so a
-    chunk costs one int-to-float conversion and one multiply-add for all rows, and no horizontal
-    reduction; one reduction of four lanes ends each row."""
+    [even elements (32) | odd elements (32)], dot_c their integer dot product. The nibbles are
+    unpacked once for all the input rows. Each row keeps dot_c's DOT_LANES int32 lanes as they come
+    from the dot instructions: a chunk costs the row one int-to-float conversion and one multiply-add
+    of vectors, with no reduction; one reduction in a fixed order ends the row. Every step of a row
+    is the same whatever the number of rows, so its float result is too."""
     rows = [_XRow(builder, pointers) for pointers in x_pointers]
-    count = 1 << (len(rows) - 1).bit_length()
-    sum_type = ir.VectorType(_F32, LANES_PER_ROW * count)
-    dot_sum = cgutils.alloca_once_value(builder, ir.Constant(sum_type, [0.0] * sum_type.count))
     pair_type = ir.VectorType(_F32, 2)
     with cgutils.for_range(builder, blocks) as block_loop:
         b = block_loop.index
@@ -227,23 +187,19 @@ def _row_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_point
             chunk_ptr = _element_pointer(builder, code_ptr, c, CHUNK_CODE_BYTES)
             _prefetch_address(builder, builder.gep(chunk_ptr, [ir.Constant(_I64, PREFETCH_BYTES)]))
             words = _nibble_words(builder, chunk_ptr)
-            dots = [_dot_words(builder, words, _element_pointer(builder, row.xq, c, CHUNK_X_BYTES)) for row in rows]
-            xscales = [builder.load(builder.bitcast(_element_pointer(builder, row.xscale, c, 4), _F32.as_pointer()))
-                       for row in rows]
-            floats = builder.sitofp(_packed_rows(builder, dots), sum_type)
-            builder.store(_vector_fma(builder, floats, _row_factors(builder, scale, xscales, count),
-                                      builder.load(dot_sum)), dot_sum)
+            for row in rows:
+                dot = _dot_words(builder, words, _element_pointer(builder, row.xq, c, CHUNK_X_BYTES))
+                xscale = builder.load(builder.bitcast(_element_pointer(builder, row.xscale, c, 4), _F32.as_pointer()))
+                factor = _splat(builder, builder.fmul(scale, xscale, flags=_EXACT), _DOT_FLOATS)
+                builder.store(_vector_fma(builder, builder.sitofp(dot, _DOT_FLOATS), factor, builder.load(row.dots)),
+                              row.dots)
     sums = []
-    total = builder.load(dot_sum)
-    for r, row in enumerate(rows):
-        lane = [builder.extract_element(total, ir.Constant(_I32, LANES_PER_ROW * r + i)) for i in range(LANES_PER_ROW)]
-        dot = builder.fadd(builder.fadd(lane[0], lane[1], flags=_EXACT), builder.fadd(lane[2], lane[3], flags=_EXACT),
-                           flags=_EXACT)
+    for row in rows:
         pair = builder.load(row.pair)
         low = builder.fadd(builder.extract_element(pair, ir.Constant(_I32, 0)),
                            builder.fmul(k, builder.extract_element(pair, ir.Constant(_I32, 1)), flags=_EXACT),
                            flags=_EXACT)
-        sums.append(builder.fadd(dot, low, flags=_EXACT))
+        sums.append(builder.fadd(_lanes_sum(builder, builder.load(row.dots)), low, flags=_EXACT))
     return sums
 
 
