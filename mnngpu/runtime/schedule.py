@@ -32,7 +32,7 @@ class RuntimeManager:
         self._cpu_backup: Backend | None = None
 
     @classmethod
-    def from_config(cls, config) -> "RuntimeManager":
+    def from_config(cls, config) -> RuntimeManager:
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
                                 strict_device=config.strict_device, kv_quant=_kv_quant(config),

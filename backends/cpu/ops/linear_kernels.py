@@ -14,9 +14,12 @@ Indices are unsigned so that numba emits no negative-index wraparound in the inn
 
 precision low: x is quantized to int16 per chunk of 64 (step max|x|/32767, far finer than the
 int4 weights) and a weight row's dot is int16 dot-product instructions with float vector
-accumulators (intrinsics.row_u4_s16). (int8 activations would halve the dot instructions, but
-measured on the fixtures they put the logits 3-20% of their std from MNN's, whose own precision
-low equals its precision high on x86: too coarse.)
+accumulators (intrinsics.row_u4_s16). int8 activations (one unsigned-by-signed byte dot product
+per 64 weights instead of two int16 ones) were measured and not taken: symmetric int8 per chunk
+of 64 put the decode logits 12-47% of their std from MNN's exact ones on three fixtures and the
+bench model, more than MNN's own memory-low int8 path (7-29%), for a GEMV only 5-15% faster (one
+row) and 15-25% faster (four rows) on an AVX512-VNNI Zen 4, where the row loop is bound by its
+float work, not by the dot instructions.
 """
 
 from __future__ import annotations
