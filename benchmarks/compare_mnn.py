@@ -10,6 +10,10 @@ of `--prompt` tokens and `--decode` greedy decode steps after it, both through `
 argmax in Python, the same work for both engines. It reports
 load time, prefill and decode tok/s, peak RSS after load and at the end, and the ratios mnngpu/MNN.
 Decode GB/s is the weight file's size times decode tok/s, next to the machine's read bandwidth.
+
+`--mnn-memory high` runs MNN at memory high instead of the folder's setting (the exporter writes
+low): MNN's memory low quantizes activations to int8 on the CPU, memory high keeps them float,
+the accuracy mnngpu's precision-low path is held to (docs/runtime_options.md).
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ def peak_rss_mb() -> float:
 
 # ---- one measurement, in its own process -----------------------------------------------------
 
-def _load(engine: str, model_dir: Path, threads: int):
+def _load(engine: str, model_dir: Path, threads: int, mnn_memory: str | None = None):
     if engine == "mnn":
         import MNN.llm as mnn_llm
 
         llm = mnn_llm.create(str(model_dir / "config.json"))
-        llm.set_config({"thread_num": threads})
+        llm.set_config({"thread_num": threads, **({"memory": mnn_memory} if mnn_memory else {})})
     else:
         from mnngpu import llm as mnngpu_llm
 
@@ -75,9 +79,9 @@ def _prefill_then_decode(llm, prompt: int, decode: int) -> tuple[float, float]:
     return prefill_s, time.perf_counter() - start
 
 
-def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int) -> dict:
+def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int, mnn_memory: str | None) -> dict:
     start = time.perf_counter()
-    llm = _load(engine, model_dir, threads)
+    llm = _load(engine, model_dir, threads, mnn_memory)
     load_s = time.perf_counter() - start
     rss_load = peak_rss_mb()
     _prefill_then_decode(llm, prompt, 4)   # warm-up, as llm_bench drops its first run: kernels, first touches
@@ -94,7 +98,7 @@ def run_worker(engine: str, args) -> dict:
         out = Path(tmp) / "result.json"
         command = [sys.executable, str(Path(__file__).resolve()), str(args.model_dir), "--worker", engine,
                    "--threads", str(args.threads), "--prompt", str(args.prompt), "--decode", str(args.decode),
-                   "--json-out", str(out)]
+                   "--json-out", str(out), *(["--mnn-memory", args.mnn_memory] if args.mnn_memory else [])]
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"{engine} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -114,7 +118,7 @@ METRICS = [("decode_tok_s", "decode tok/s", True), ("prefill_tok_s", "prefill to
 
 def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: float | None) -> str:
     title = (f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
-             f"rounds {args.rounds}")
+             f"rounds {args.rounds}  MNN memory {args.mnn_memory or 'as the folder says'}")
     lines = [title, cpu_description(), ""]
     lines.append(f"| {'metric':26s} | {'mnngpu':>18s} | {'MNN':>18s} | {'mnngpu / MNN':>12s} |")
     lines.append(f"| {'-' * 26} | {'-' * 17}: | {'-' * 17}: | {'-' * 11}: |")
@@ -140,11 +144,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="processes per engine, alternating")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the read-bandwidth measurement")
+    parser.add_argument("--mnn-memory", choices=["low", "normal", "high"],
+                        help="MNN's memory setting (default: the folder's); mnngpu keeps the folder's")
     parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        result = measure(args.worker, args.model_dir, args.threads, args.prompt, args.decode)
+        result = measure(args.worker, args.model_dir, args.threads, args.prompt, args.decode, args.mnn_memory)
         args.json_out.write_text(json.dumps(result))
         return
     results: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
