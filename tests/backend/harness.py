@@ -77,16 +77,25 @@ def make(kind: str) -> Backend:
 
 
 def storage_dtype(backend: Backend) -> np.dtype:
-    """The dtype float tensors are stored in (fp32, or the backend's fp16/bf16 storage)."""
+    """The dtype float tensors are stored in (fp32, or the backend's fp16 storage)."""
     if getattr(backend, "half", False):
         return np.dtype(np.float16)
     storage = getattr(backend, "storage", None)
     return np.dtype(storage.dtype) if storage is not None else np.dtype(np.float32)
 
 
+def storage_format(backend: Backend) -> str:
+    """The float format tensors are stored in: float32, float16 or bfloat16 (which CUDA keeps as
+    raw uint16 bit patterns, so its array dtype does not name it)."""
+    storage = getattr(backend, "storage", None)
+    if storage is not None and storage.name == "bf16":
+        return "bfloat16"
+    return storage_dtype(backend).name
+
+
 def close(backend: Backend, got: np.ndarray, want: np.ndarray, fp32: float = FP32_RTOL) -> None:
-    dtype = storage_dtype(backend)
-    reference.assert_close(got, want, fp32 if dtype == np.float32 else LOW_RTOL[dtype.name])
+    fmt = storage_format(backend)
+    reference.assert_close(got, want, fp32 if fmt == "float32" else LOW_RTOL[fmt])
 
 
 def stored(backend: Backend, array: np.ndarray) -> np.ndarray:
