@@ -180,3 +180,35 @@ def test_vulkan_says_when_it_runs_on_a_cpu_device_or_without_fp16(monkeypatch, r
     lines = [str(w.message) for w in recwarn if w.category is DeviceWarning]
     assert len(lines) == 2   # one line each, not one per backend
     assert "a CPU device" in lines[0] and "precision 'low' runs in fp32" in lines[1]
+
+
+# ---- a host value read on both sides ----------------------------------------------------------
+
+@pytest.mark.parametrize("backend_type", ["opencl", "vulkan"])
+def test_indices_a_cpu_backup_op_read_first_still_plan_the_device_gather(backend_type, monkeypatch):
+    """A constant that an op on the CPU backup reads first, then a device Gather as its indices:
+    the device gets its own upload with the host value kept (the gather is planned from it)."""
+    from mnngpu.backends.cpu import CPUBackend
+
+    backend = backend_or_skip(backend_type)
+    table = {op: cls for op, cls in type(backend).executions.items() if op != "BinaryOp"}
+    monkeypatch.setattr(type(backend), "executions", table)
+    cpu = CPUBackend(BackendConfig(precision="high", thread_num=1), backend.kv_meta)
+    shift = Node("BinaryOp", "shifted", P.BinaryOp(opType="ADD", T="DT_INT32"))
+    pick = Node("GatherV2", "picked", P.GatherV2())
+    rows = np.arange(20, dtype=np.float32).reshape(4, 5)
+    counts = np.array([10, 20, 30], dtype=np.int32)
+    indices = np.array([2, 0, 3], dtype=np.int32)
+    tensors = [Tensor(rows.shape, rows.dtype, "rows"), Tensor(counts.shape, counts.dtype, "counts"),
+               Tensor(indices.shape, indices.dtype, "indices", host=indices), None, None]
+    table = PlacementTable(backend.type)
+    pipeline = Pipeline([GraphOp(shift, [1, 2], [3]), GraphOp(pick, [0, 2], [4])], backend, cpu, table)
+    for graph_input in tensors[:2]:
+        pipeline.bind_input(graph_input)
+    pipeline.resize(tensors)
+    backend.upload(tensors[0], rows)
+    backend.upload(tensors[1], counts)
+    pipeline.run()
+    assert [p.backend for p in table.entries.values()] == ["cpu", backend_type]
+    np.testing.assert_array_equal(pipeline.backend_of(tensors[3]).download(tensors[3]), counts + indices)
+    np.testing.assert_array_equal(backend.download(tensors[4]), rows[indices])

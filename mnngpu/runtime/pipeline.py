@@ -45,10 +45,12 @@ class Pipeline:
         self.steps: list[Step] = []
         self.assignments: list[Assignment] = []
         self.owner: dict[int, Backend] = {}  # id(tensor) -> backend holding its device buffer
+        self.host_twins: dict[tuple[int, int], Tensor] = {}  # (id(host value), id(backend)) -> its upload there
 
     def resize(self, tensors: list[Tensor | None]) -> None:
         """`tensors` holds the graph inputs and constants; fills in every other tensor."""
         self.steps = []
+        self.host_twins = {}
         self.assignments = placement.assign(self.ops, tensors, self.backend, self.cpu_backup)
         if self.placements is not None:
             self.placements.record(self.assignments)
@@ -93,11 +95,24 @@ class Pipeline:
             backend.upload(tensor, tensor.host)
             self.owner[id(tensor)] = backend
             return tensor
+        if tensor.host is not None:
+            return self._host_value_on(tensor, backend)
         copy = Tensor(tensor.shape, tensor.dtype, name=tensor.name + ":copy")
         backend.alloc(copy)
         self.owner[id(copy)] = backend
         self.steps.append(Step(CopyToBackend(holder, backend), [tensor], [copy]))
         return copy
+
+    def _host_value_on(self, tensor: Tensor, backend: Backend) -> Tensor:
+        """A host value another backend already holds: uploaded to `backend` too, once, with the
+        host value kept (an index op plans its copy from it at resize)."""
+        twin = self.host_twins.get((id(tensor), id(backend)))
+        if twin is None:
+            twin = Tensor(tensor.shape, tensor.dtype, name=f"{tensor.name}:{backend.type}", host=tensor.host)
+            backend.upload(twin, tensor.host)
+            self.owner[id(twin)] = backend
+            self.host_twins[(id(tensor), id(backend))] = twin
+        return twin
 
     def run(self) -> None:
         step = None
