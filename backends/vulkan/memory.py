@@ -4,7 +4,10 @@ DeviceTensor, the handle a graph tensor holds.
 Drivers cap the number of live allocations (4096 on many GPUs) while a model has thousands of
 tensors, so an arena allocates memory in blocks and binds each buffer at an offset in one.
 Where the device's memory is host-visible (lavapipe, integrated GPUs, resizable BAR) buffers
-are written and read through a persistent mapping; otherwise through a staging buffer.
+are written through a persistent mapping; otherwise through a staging buffer. Reads use the
+mapping only where that memory is host-cached too: a CPU read of uncached memory (a discrete
+GPU's BAR, or write-combined system memory) crawls, so those copy into a host-cached buffer
+first.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ MIN_BUFFER_BYTES = 16
 
 
 class Buffer:
-    """A VkBuffer bound inside an arena's block; `view` is its mapped bytes, or None."""
+    """A VkBuffer bound inside an arena's block; `view` is its mapped bytes, or None; `cached`:
+    the mapped memory is host-cached, so the CPU may read it through `view`."""
 
-    def __init__(self, handle, size: int, view: memoryview | None):
+    def __init__(self, handle, size: int, view: memoryview | None, cached: bool = False):
         self.handle = handle
         self.size = size
         self.view = view
+        self.cached = cached
 
 
 class MemoryArena:
@@ -32,19 +37,21 @@ class MemoryArena:
 
     host_visible: put them in host-visible coherent memory (for values written every step);
     otherwise device-local memory, mapped when that memory is host-visible too.
+    readback: host-visible memory, host-cached where the device has it (for copies to read).
     staged: never use a mapping, always copy through a staging buffer (tests the GPU path)."""
 
-    def __init__(self, device, host_visible: bool = False, staged: bool = False):
+    def __init__(self, device, host_visible: bool = False, staged: bool = False, readback: bool = False):
         self.device = device
-        self.host_visible = host_visible
+        self.host_visible = host_visible or readback
+        self.readback = readback
         self.staged = staged
         self._type: int | None = None
         self._blocks: list[tuple[object, memoryview | None]] = []
         self._block_used = 0
         self._block_size = 0
         self._buffers: list[object] = []
-        self._staging: Buffer | None = None
-        self._staging_arena: MemoryArena | None = None
+        self._transfer_arenas: dict[str, MemoryArena] = {}   # "staging" (copies in), "readback" (out)
+        self._transfer_buffers: dict[str, Buffer] = {}
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Buffer:
@@ -67,7 +74,11 @@ class MemoryArena:
         vk.vkBindBufferMemory(dev, handle, memory, offset)
         self._block_used = offset + int(needs.size)
         view = None if mapping is None or self.staged else mapping[offset: offset + size]
-        return Buffer(handle, size, view)
+        return Buffer(handle, size, view, cached=self._host_cached())
+
+    def _host_cached(self) -> bool:
+        flags = self.device.memory_properties.memoryTypes[self._type].propertyFlags
+        return bool(flags & self.device.vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
 
     def _choose_type(self, type_bits: int) -> None:
         if self._type is not None and type_bits & (1 << self._type):
@@ -82,7 +93,8 @@ class MemoryArena:
         host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
         local = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
         if self.host_visible:
-            chosen = device.memory_type(type_bits, host)
+            cached = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT if self.readback else 0
+            chosen = device.memory_type(type_bits, host, preferred=cached)
         else:
             chosen = device.memory_type(type_bits, local)
             mappable = device.memory_type(type_bits, local | host)
@@ -115,15 +127,15 @@ class MemoryArena:
     def release(self) -> None:
         """Destroy every buffer and free every block (the handles must no longer be in use)."""
         vk, dev = self.device.vk, self.device.device
-        if self._staging_arena is not None:
-            self._staging_arena.release()
+        for helper in self._transfer_arenas.values():
+            helper.release()
         for handle in self._buffers:
             vk.vkDestroyBuffer(dev, handle, None)
         for memory, mapping in self._blocks:
             if mapping is not None:
                 vk.vkUnmapMemory(dev, memory)
             vk.vkFreeMemory(dev, memory, None)
-        self._buffers, self._blocks, self._staging = [], [], None
+        self._buffers, self._blocks, self._transfer_buffers = [], [], {}
 
     # ---- transfers ----------------------------------------------------------------------------
     def write(self, buffer: Buffer, data: np.ndarray, offset: int = 0) -> None:
@@ -131,17 +143,17 @@ class MemoryArena:
         if buffer.view is not None:
             np.frombuffer(buffer.view, dtype=np.uint8, count=raw.size, offset=offset)[:] = raw
             return
-        staging = self._staging_buffer(raw.size)
+        staging = self._transfer_buffer("staging", raw.size)
         np.frombuffer(staging.view, dtype=np.uint8, count=raw.size)[:] = raw
         self._copy(staging, 0, buffer, offset, raw.size)
 
     def read(self, buffer: Buffer, nbytes: int, offset: int = 0) -> np.ndarray:
         """A copy of `nbytes` bytes of the buffer, as uint8."""
-        if buffer.view is not None:
+        if buffer.view is not None and buffer.cached:
             return np.frombuffer(buffer.view, dtype=np.uint8, count=nbytes, offset=offset).copy()
-        staging = self._staging_buffer(nbytes)
-        self._copy(buffer, offset, staging, 0, nbytes)
-        return np.frombuffer(staging.view, dtype=np.uint8, count=nbytes).copy()
+        readback = self._transfer_buffer("readback", nbytes)
+        self._copy(buffer, offset, readback, 0, nbytes)
+        return np.frombuffer(readback.view, dtype=np.uint8, count=nbytes).copy()
 
     def copy(self, regions: list[tuple[Buffer, int, Buffer, int, int]]) -> None:
         """Device-side copies (src, src_offset, dst, dst_offset, nbytes), in order, with a barrier
@@ -161,12 +173,16 @@ class MemoryArena:
         if nbytes:
             self.copy([(src, src_offset, dst, dst_offset, nbytes)])
 
-    def _staging_buffer(self, nbytes: int) -> Buffer:
-        if self._staging is None or self._staging.size < nbytes:
-            if self._staging_arena is None:
-                self._staging_arena = MemoryArena(self.device, host_visible=True)
-            self._staging = self._staging_arena.allocate(max(nbytes, 1 << 20))
-        return self._staging
+    def _transfer_buffer(self, purpose: str, nbytes: int) -> Buffer:
+        """A host-visible buffer of at least `nbytes` for copies in ("staging") or out ("readback")."""
+        buffer = self._transfer_buffers.get(purpose)
+        if buffer is None or buffer.size < nbytes:
+            if purpose not in self._transfer_arenas:
+                self._transfer_arenas[purpose] = MemoryArena(self.device, host_visible=True,
+                                                             readback=purpose == "readback")
+            buffer = self._transfer_arenas[purpose].allocate(max(nbytes, 1 << 20))
+            self._transfer_buffers[purpose] = buffer
+        return buffer
 
 
 def _transfer_barrier(device, cb, before: bool) -> None:

@@ -256,6 +256,23 @@ def test_staged_memory_path(vulkan):
     close(got.reshape(2, 20), harness.linear_reference(x.reshape(2, 32), dense, weight.bias), 1e-5)
 
 
+def test_uncached_mapped_memory_is_read_through_a_host_cached_copy(vulkan, monkeypatch):
+    """A discrete GPU's BAR is mapped but not host-cached: written through the mapping, read back
+    through a copy into host-cached memory, as a CPU read of uncached memory crawls."""
+    from mnngpu.backends.vulkan import memory
+
+    monkeypatch.setattr(memory.MemoryArena, "_host_cached", lambda arena: arena.readback)
+    backend = make_backend(vulkan)
+    rng = np.random.default_rng(7)
+    weight, dense = harness.quantized_linear(rng, oc=20, ic=32, bits=4, block=32, bias=True)
+    x = rng.normal(0, 1, (2, 32, 1, 1)).astype(np.float32)
+    got = run(backend, harness.conv_node(weight), [x])
+    probe = backend.arena.allocate(64)
+    assert probe.view is not None and not probe.cached
+    assert backend.arena._transfer_buffers["readback"].cached
+    close(got.reshape(2, 20), harness.linear_reference(x.reshape(2, 32), dense, weight.bias), 1e-5)
+
+
 def node_buffers_unmapped(backend) -> bool:
     probe = backend.arena.allocate(64)
     return probe.view is None
