@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
     "layer_norm": {"": []},
     "rope": {"": []},
     "linear_gemv": LINEAR,
+    "linear_split": LINEAR,
     "linear_gemm": LINEAR,
     "kv_store": FLOATS,
     "kv_store_int8": KV_INT8,

@@ -256,6 +256,26 @@ def test_staged_memory_path(vulkan):
     close(got.reshape(2, 20), harness.linear_reference(x.reshape(2, 32), dense, weight.bias), 1e-5)
 
 
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_one_row_linear_over_a_wide_input(vulkan, variant, bits):
+    """The GPU variant (linear_split.comp) splits each output quad's input width across 32 invocations of a
+    workgroup: 100 groups of 8 inputs leave the slices uneven, 70 outputs take three workgroups
+    (the last quad half full), and the bias and the gated form are added after the slices'
+    sum. The CPU variant runs the same case whole."""
+    rng = np.random.default_rng(bits + len(variant))
+    gate, gate_dense = harness.quantized_linear(rng, oc=70, ic=800, bits=bits, block=32, bias=True)
+    up, up_dense = harness.quantized_linear(rng, oc=70, ic=800, bits=bits, block=32, bias=True)
+    x = rng.normal(0, 1, (1, 800, 1, 1)).astype(np.float32)
+    row = x.reshape(1, 800)
+    backend = make_backend(vulkan, variant=variant)
+    close(run(backend, harness.conv_node(gate), [x]).reshape(1, 70),
+          harness.linear_reference(row, gate_dense, gate.bias), 1e-5)
+    gated = OneOp(make_backend(vulkan, variant=variant), harness.fused_linear(fusion.GATED_LINEAR, [gate, up]), [x])
+    g = harness.linear_reference(row, gate_dense, gate.bias)
+    close(gated(x)[0].reshape(1, 70), harness.linear_reference(row, up_dense, up.bias) * g / (1 + np.exp(-g)), 1e-5)
+
+
 def test_uncached_mapped_memory_is_read_through_a_host_cached_copy(vulkan, monkeypatch):
     """A discrete GPU's BAR is mapped but not host-cached: written through the mapping, read back
     through a copy into host-cached memory, as a CPU read of uncached memory crawls."""

@@ -25,6 +25,7 @@ GROUP = 8              # inputs per weight group
 QUAD = 4               # output channels per invocation
 GEMM_TILE_ROWS = 8     # linear_gemm.comp: activation rows per workgroup
 GROUP_SIZE = 64        # invocations per workgroup
+SPLIT_QUADS = 8        # linear_split.comp: quads of one row per workgroup (the width split 32 ways)
 PACK_ROWS = 4096       # channels unpacked at a time while packing
 
 
@@ -162,7 +163,9 @@ class VulkanLinear(VulkanExecution):
     def record(self, packed: PackedLinear, x: DeviceTensor, y: DeviceTensor, n: int, out, up=None) -> None:
         out.device = y
         gemv = n == 1
-        kernel = f"linear_{'gemv' if gemv else 'gemm'}_{packed.kind}" + ("_gated" if up is not None else "")
+        split = self.backend.variant == "gpu"   # a GPU needs more threads than one per quad
+        form = "split" if split else "gemv" if gemv else "gemm"
+        kernel = f"linear_{form}_{packed.kind}" + ("_gated" if up is not None else "")
         spare = self.backend.placeholder
         for i, part in enumerate(packed.parts):
             push = pack_push("8I", part.rows, packed.ic, packed.block_size, packed.n_blocks, part.row0, packed.oc,
@@ -170,8 +173,9 @@ class VulkanLinear(VulkanExecution):
             bindings = [x, *_part_buffers(part, spare), y]
             if up is not None:
                 bindings += _part_buffers(up.parts[i], spare)
-            quad_groups = -(-part.rows // (QUAD * GROUP_SIZE))
-            groups = quad_groups if gemv else (quad_groups, -(-n // GEMM_TILE_ROWS), 1)
+            quad_groups = -(-part.rows // (QUAD * (SPLIT_QUADS if split else GROUP_SIZE)))
+            groups = (quad_groups, n, 1) if split else quad_groups if gemv else \
+                (quad_groups, -(-n // GEMM_TILE_ROWS), 1)
             self.dispatch(kernel, bindings, push, groups, writes=(5,))
 
 
