@@ -3,8 +3,10 @@
 Decode (one row) runs a GEMV kernel straight over the packed codes: one warp per output row,
 fp32 accumulation, so its launch is fixed and goes into the decode CUDA graph. Prefill (many
 rows) dequantizes a tile of rows at a time into a shared scratch of gemm_t (fp16 for fp16
-storage, else fp32) and multiplies with cuBLAS through cupy.matmul; the bias is added when the
-result is converted back to the storage type. That path allocates, so it is never captured.
+storage, else fp32) and multiplies with cuBLAS through cupy.matmul into another scratch (no
+allocation per step); the bias is added when the result is converted back to the storage
+type. That path is never captured: cupy refuses cuBLAS calls during stream capture
+("calling cuBLAS API during stream capture is currently unsupported", cupy 14.2).
 """
 
 from __future__ import annotations
@@ -97,9 +99,9 @@ class LinearExecution(CudaExecution):
         w, backend, device = self.w, self.backend, self.backend.device
         gemm_dtype = backend.storage.gemm_dtype
         rows, oc, ic = self.rows, w.oc, w.ic
-        x = backend.scratch("linear.x", rows * ic, gemm_dtype)
-        y = backend.scratch("linear.y", rows * oc, gemm_dtype)
         tile_rows = max(1, min(oc, TILE_ELEMENTS // ic))
+        x = backend.scratch("linear.x", rows * ic, gemm_dtype)
+        y = backend.scratch("linear.y", rows * (oc + (0 if tile_rows >= oc else tile_rows)), gemm_dtype)
         tile = backend.scratch("linear.w", tile_rows * ic, gemm_dtype)
         kernel = device.kernel
         self._run(kernel("linear.cu", "real_to_gemm"), rows * ic, (np.int32(rows * ic), self.x, x))
@@ -108,8 +110,14 @@ class LinearExecution(CudaExecution):
         for start in range(0, oc, tile_rows):
             count = min(tile_rows, oc - start)
             self._dequantize(start, count, tile)
+            weights = tile[: count * ic].reshape(count, ic).T
             with device.stream:
-                y2[:, start: start + count] = device.cp.matmul(x2, tile[: count * ic].reshape(count, ic).T)
+                if count == oc:
+                    device.cp.matmul(x2, weights, out=y2)
+                else:   # through the tile's own columns of the scratch, then into place
+                    part = y[rows * oc: rows * (oc + count)].reshape(rows, count)
+                    device.cp.matmul(x2, weights, out=part)
+                    y2[:, start: start + count] = part
         self._run(kernel("linear.cu", "gemm_to_real"), rows * oc,
                   (np.int32(rows), np.int32(oc), y, backend.or_placeholder(w.bias), np.int32(w.bias is not None),
                    self.out))
