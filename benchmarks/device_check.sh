@@ -3,15 +3,18 @@
 # transformers, onnx, numba and cupy, but no mnn, llmexport, pyopencl or vulkan):
 #   1. installs the wheels (and Vulkan loader .debs) that tools/fetch_device_wheels.py put in
 #      benchmarks/wheels/, into $SITE with pip --target;
-#   2. runs the CUDA op tests, then the conformance suite on every fixture for cuda, vulkan (on the
+#   2. runs every CUDA op test, then the conformance suites on every fixture for cuda, vulkan (on the
 #      NVIDIA driver) and opencl (where an NVIDIA ICD exists), while the 0.5B-shaped bench model is
 #      built from random weights and exported in the background (tools/make_bench_model.py);
 #   3. runs transformers eager bf16 on the bench model's HuggingFace source
 #      (benchmarks/hf_eager_bench.py) as the side-by-side peer, then `mnngpu bench` on the model for
 #      each backend;
-#   4. prints every figure and a summary, and copies the summary and logs into $OUT if it is set.
+#   4. profiles a prefill and a decode step op by op on CUDA (benchmarks/cuda_profile.py) and
+#      dispatch by dispatch on Vulkan (benchmarks/vulkan_profile.py);
+#   5. prints every figure and a summary, and copies the summary and logs into $OUT if it is set.
 # Each stage has a time limit inside an overall budget (BUDGET seconds, default 350), and a failing
-# stage does not stop the later ones. BACKENDS, PROMPT, DECODE and REPEAT change what runs.
+# stage does not stop the later ones. BACKENDS, PROMPT, DECODE and REPEAT change what runs; PEER=0
+# leaves the transformers peer out.
 # Usage: bash benchmarks/device_check.sh
 set -u
 
@@ -122,6 +125,22 @@ if not str(patched).startswith(sys.argv[1]):
 EOF
 }
 
+# Vulkan's memory types: which are device-local, host-visible, host-cached (readbacks use a
+# host-cached one), and their heaps.
+report_vulkan_memory() {
+    "$PY" - <<'EOF'
+from mnngpu.backends.vulkan.device import shared_device
+device = shared_device()
+vk, props = device.vk, device.memory_properties
+names = {vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT: "device-local", vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT: "host-visible",
+         vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT: "coherent", vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT: "cached"}
+for i in range(props.memoryTypeCount):
+    kind = props.memoryTypes[i]
+    flags = " ".join(name for bit, name in names.items() if kind.propertyFlags & bit) or "-"
+    print(f"vulkan memory type {i}: {flags}; heap {kind.heapIndex} of {props.memoryHeaps[kind.heapIndex].size >> 20} MiB")
+EOF
+}
+
 report_backends() {
     "$PY" - "$BACKENDS" <<'EOF'
 import sys
@@ -180,13 +199,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$PY" -c "import sys, cupy; print('python', sys.version.split()[0], 'cupy', cupy.__version__)" 2>&1 | tee -a "$SUMMARY"
 
 stage install 90 install_packages
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}  # the benchmarks import mnngpu from the checkout
 export PATH=$SITE/bin:$PATH
 find_drivers > >(tee -a "$SUMMARY") 2>&1
 stage importable 20 make_importable
 stage telemetry-guard 30 check_telemetry_guard
 TELEMETRY_OK=$?
 stage backends 60 report_backends
+case ",$BACKENDS," in *,vulkan,*) stage vulkan-memory 30 report_vulkan_memory ;; esac
 
 MODEL=$WORK/bench_model
 HF=$WORK/hf
@@ -202,11 +222,17 @@ from pathlib import Path; build_hf_model(Path(sys.argv[1]))" "$HF" >"$WORK/hf_bu
  echo $? >"$WORK/hf_build.rc") &
 HF_PID=$!
 
-stage cuda-ops 100 "$PY" -m pytest -q -rs -p no:cacheprovider tests/backend/test_cuda_ops.py \
+# pytest-xdist spreads the tests over the machine's cores where it is installed.
+PARALLEL=()
+"$PY" -c "import xdist" 2>/dev/null && PARALLEL=(-n "${WORKERS:-8}")
+stage cuda-ops 120 "$PY" -m pytest -q -rs --tb=short -p no:cacheprovider "${PARALLEL[@]}" \
+    tests/backend/test_ops.py tests/backend/test_cuda_ops.py tests/test_cuda_kernels_compile.py -k cuda \
     --junitxml="$WORK/cuda_ops.xml"
 [ -f "$WORK/cuda_ops.xml" ] && junit_counts "$WORK/cuda_ops.xml" | tee -a "$SUMMARY"
-stage conformance 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/conformance/test_fixture_models.py \
-    -k "cuda or vulkan or opencl" --junitxml="$WORK/conformance.xml"
+stage conformance 150 "$PY" -m pytest -q -rs --tb=short -p no:cacheprovider "${PARALLEL[@]}" \
+    tests/conformance/test_fixture_models.py tests/conformance/test_speculative_models.py \
+    tests/conformance/test_sliding_window.py tests/conformance/test_vision_model.py \
+    tests/conformance/test_audio_model.py -k "cuda or vulkan or opencl" --junitxml="$WORK/conformance.xml"
 [ -f "$WORK/conformance.xml" ] && junit_counts "$WORK/conformance.xml" | tee -a "$SUMMARY"
 
 # The peer first: its source is built sooner than the MNN export, which goes on meanwhile.
@@ -215,7 +241,7 @@ say "[hf-build] exit $(cat "$WORK/hf_build.rc" 2>/dev/null || echo '?')"
 cat "$WORK/hf_build.log" >>"$LOG"
 HF_ARGS=()
 [ -f "$HF/config.json" ] && HF_ARGS=(--hf "$HF")
-stage hf-eager 90 "$PY" benchmarks/hf_eager_bench.py "${HF_ARGS[@]}" -p "$PROMPT" -n "$DECODE" -rep "$REPEAT" \
+[ "${PEER:-1}" = 1 ] && stage hf-eager 90 "$PY" benchmarks/hf_eager_bench.py "${HF_ARGS[@]}" -p "$PROMPT" -n "$DECODE" -rep "$REPEAT" \
     --json "$WORK/hf_eager.json"
 
 if [ -n "$MODEL_PID" ]; then
@@ -234,6 +260,14 @@ elif "$PY" -m mnngpu bench --help >/dev/null 2>&1; then
 else
     say "[mnngpu-bench] 'mnngpu bench' is not available in this tree: timing cuda alone"
     stage cuda-speed 100 cuda_speed_fallback "$MODEL"
+fi
+
+# Where the time goes: op by op on CUDA, dispatch by dispatch on Vulkan.
+if [ -f "$MODEL/llm.mnn" ]; then
+    case ",$BACKENDS," in *,cuda,*) stage cuda-profile 90 "$PY" benchmarks/cuda_profile.py "$MODEL" \
+        --prompt "$PROMPT" --repeats "$REPEAT" ;; esac
+    case ",$BACKENDS," in *,vulkan,*) stage vulkan-profile 90 "$PY" benchmarks/vulkan_profile.py "$MODEL" \
+        --prompt 128 --repeats "$REPEAT" ;; esac
 fi
 
 say "----- figures (tok/s lines of the log)"

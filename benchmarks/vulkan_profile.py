@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from machine import cpu_description
+from profile_table import prefill_then_decode, print_table, step_seconds
 
 from mnngpu import bench
 from mnngpu.backends.vulkan import VulkanBackend
@@ -40,10 +41,7 @@ def capture_dispatches(model, prompt: int) -> dict[str, list]:
 
     VulkanBackend.enqueue = enqueue
     try:
-        model.reset()
-        logits = model.forward([bench.BENCH_TOKEN] * prompt)
-        phase["name"] = "decode"
-        model.forward([int(logits[0, -1].argmax())])
+        prefill_then_decode(model, prompt, phase)
     finally:
         VulkanBackend.enqueue = original
     return {name: [(backend, d) for backend, segment in found for d in segment.dispatches]
@@ -73,36 +71,6 @@ def dispatch_seconds(dispatches: list, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def step_seconds(model, prompt: int, repeats: int) -> tuple[float, float]:
-    """Best prefill of `prompt` tokens and best decode step after it, whole."""
-    prefill = decode = float("inf")
-    for _ in range(repeats):
-        model.reset()
-        start = time.perf_counter()
-        logits = model.forward([bench.BENCH_TOKEN] * prompt)
-        prefill = min(prefill, time.perf_counter() - start)
-        start = time.perf_counter()
-        model.forward([int(logits[0, -1].argmax())])
-        decode = min(decode, time.perf_counter() - start)
-    return prefill, decode
-
-
-def print_table(title: str, times: dict[str, list[float]], whole: float, top: int) -> None:
-    total = sum(sum(values) for values in times.values())
-    print(f"\n{title}: whole step {whole * 1e3:.1f} ms, dispatches timed alone sum to {total * 1e3:.1f} ms "
-          f"({sum(len(v) for v in times.values())} dispatches)")
-    print("| kernel and grid | dispatches | ms | share |")
-    print("| --- | ---: | ---: | ---: |")
-    ranked = sorted(times.items(), key=lambda item: -sum(item[1]))
-    for label, values in ranked[:top]:
-        print(f"| {label} | {len(values)} | {sum(values) * 1e3:.1f} | {sum(values) / total:.0%} |")
-    rest = ranked[top:]
-    if rest:
-        seconds = sum(sum(values) for _, values in rest)
-        print(f"| the other {len(rest)} kinds | {sum(len(v) for _, v in rest)} | {seconds * 1e3:.1f} | "
-              f"{seconds / total:.0%} |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path)
@@ -115,9 +83,10 @@ def main() -> None:
     captured = capture_dispatches(model, args.prompt)
     prefill, decode = step_seconds(model, args.prompt, args.repeats)
     print(cpu_description())
-    print_table("decode, one token", dispatch_seconds(captured["decode"], args.repeats), decode, args.top)
-    print_table(f"prefill, {args.prompt} tokens", dispatch_seconds(captured["prefill"], args.repeats), prefill,
+    print_table("decode, one token", "dispatches", dispatch_seconds(captured["decode"], args.repeats), decode,
                 args.top)
+    print_table(f"prefill, {args.prompt} tokens", "dispatches", dispatch_seconds(captured["prefill"], args.repeats),
+                prefill, args.top)
 
 
 if __name__ == "__main__":
