@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mnngpu.backends.cuda import cublas
+from mnngpu.backends.cuda.cublas import CublasGemm
 from mnngpu.shaders import shader_path
 
+from mnngpu.backend import warn_once
 from mnngpu.errors import BackendUnavailableError
 
 log = logging.getLogger("mnngpu.cuda")
@@ -117,3 +120,12 @@ class CudaDevice:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    @property
+    def cublas(self) -> CublasGemm | None:
+        """The capturable prefill GEMM (backends/cuda/cublas.py), or None where it cannot be had."""
+        if not hasattr(self, "_cublas"):
+            self._cublas, reason = cublas.load(self.cp, self.stream)
+            if self._cublas is None:
+                warn_once(f"CUDA prefill GEMMs run outside CUDA graphs, one launch per op: {reason}")
+        return self._cublas

@@ -3,10 +3,10 @@
 Decode (one row) runs a GEMV kernel straight over the packed codes: one warp per output row,
 fp32 accumulation, so its launch is fixed and goes into the decode CUDA graph. Prefill (many
 rows) dequantizes a tile of rows at a time into a shared scratch of gemm_t (fp16 for fp16
-storage, else fp32) and multiplies with cuBLAS through cupy.matmul into another scratch (no
-allocation per step); the bias is added when the result is converted back to the storage
-type. That path is never captured: cupy refuses cuBLAS calls during stream capture
-("calling cuBLAS API during stream capture is currently unsupported", cupy 14.2).
+storage, else fp32) and multiplies with cuBLAS into another scratch, fp32 accumulation; the
+bias is added when the result is converted back to the storage type. Through
+backends/cuda/cublas.py that GEMM goes into the prefill module's CUDA graph too; where that
+cannot be had it runs through cupy.matmul, launch by launch.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class LinearExecution(CudaExecution):
         if self.rows == 1:
             self._prepare_gemv()
         else:
-            self.capturable = False
+            self.capturable = self.backend.device.cublas is not None
 
     def _prepare_gemv(self) -> None:
         w, backend = self.w, self.backend
@@ -101,26 +101,29 @@ class LinearExecution(CudaExecution):
         rows, oc, ic = self.rows, w.oc, w.ic
         tile_rows = max(1, min(oc, TILE_ELEMENTS // ic))
         x = backend.scratch("linear.x", rows * ic, gemm_dtype)
-        y = backend.scratch("linear.y", rows * (oc + (0 if tile_rows >= oc else tile_rows)), gemm_dtype)
+        y = backend.scratch("linear.y", rows * oc, gemm_dtype)
         tile = backend.scratch("linear.w", tile_rows * ic, gemm_dtype)
+        self.scratch_used = (x, y, tile)   # a captured graph points at these: they must outlive it
         kernel = device.kernel
         self._run(kernel("linear.cu", "real_to_gemm"), rows * ic, (np.int32(rows * ic), self.x, x))
-        x2 = x[: rows * ic].reshape(rows, ic)
-        y2 = y[: rows * oc].reshape(rows, oc)
         for start in range(0, oc, tile_rows):
             count = min(tile_rows, oc - start)
             self._dequantize(start, count, tile)
-            weights = tile[: count * ic].reshape(count, ic).T
-            with device.stream:
-                if count == oc:
-                    device.cp.matmul(x2, weights, out=y2)
-                else:   # through the tile's own columns of the scratch, then into place
-                    part = y[rows * oc: rows * (oc + count)].reshape(rows, count)
-                    device.cp.matmul(x2, weights, out=part)
-                    y2[:, start: start + count] = part
+            self._multiply(x, tile, y, start, count)
         self._run(kernel("linear.cu", "gemm_to_real"), rows * oc,
                   (np.int32(rows), np.int32(oc), y, backend.or_placeholder(w.bias), np.int32(w.bias is not None),
                    self.out))
+
+    def _multiply(self, x, tile, y, start: int, count: int) -> None:
+        """y[:, start: start + count] = x @ tile[:count].T, through cuBLAS."""
+        device, rows, oc, ic = self.backend.device, self.rows, self.w.oc, self.w.ic
+        if device.cublas is not None:
+            device.cublas.rows_times_weights(x, tile, rows, count, ic, y, start, oc)
+            return
+        y2 = y[: rows * oc].reshape(rows, oc)
+        with device.stream:
+            y2[:, start: start + count] = device.cp.matmul(x[: rows * ic].reshape(rows, ic),
+                                                           tile[: count * ic].reshape(count, ic).T)
 
     def _dequantize(self, start: int, count: int, tile) -> None:
         w, kernel = self.w, self.backend.device.kernel

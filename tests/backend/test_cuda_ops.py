@@ -212,11 +212,63 @@ def test_graphs_can_be_switched_off(monkeypatch):
     assert backend.graphs.enabled is False
 
 
-def test_prefill_linear_is_not_captured(backend):
-    weight, _ = quantized_linear(rng, 8, 32, 4, 32, bias=False)
-    execution = OneOp(backend, conv_node(weight), [np.zeros((5, 32, 1, 1), np.float32)]).execution
-    assert execution.capturable is False
-    assert backend.graphs.recordings[-1].capturable is False
+@pytest.mark.parametrize("tile_elements", [None, 3 * 64])
+def test_prefill_linear_is_captured_and_replayed_with_new_inputs(backend, monkeypatch, tile_elements):
+    """The prefill GEMM (weight tiles dequantized into scratch, cuBLAS through ctypes into scratch)
+    goes into the graph from the second run on, with one weight tile or several; each run reads
+    its own input."""
+    from mnngpu.backends.cuda import matmul
+
+    if tile_elements:
+        monkeypatch.setattr(matmul, "TILE_ELEMENTS", tile_elements)  # 3 rows a tile: 4 tiles for 10 rows
+    weight, dense = quantized_linear(rng, 10, 64, 4, 32, bias=True)
+    op = OneOp(backend, conv_node(weight), [np.zeros((5, 64, 1, 1), np.float32)])
+    recording = backend.graphs.recordings[-1]
+    assert backend.device.cublas is not None
+    assert op.execution.capturable and recording.capturable
+    for run_index in range(3):
+        x = stored(backend, rng.standard_normal((5, 64, 1, 1)))
+        (y,) = op(x)
+        close(backend, y.reshape(5, 10), linear_reference(x.reshape(5, 64), dense, weight.bias))
+        assert (recording.graph is not None) == (run_index >= 1)
+
+
+def test_two_backends_capture_their_prefill_on_their_own_streams():
+    """Two models in one process (AR and lookahead side by side): each backend's GEMMs go into its
+    own graph, whatever the other ran last."""
+    first, second = make("cuda"), make("cuda")
+    weight, dense = quantized_linear(rng, 10, 64, 4, 32, bias=True)
+    ops = [OneOp(backend, conv_node(weight), [np.zeros((5, 64, 1, 1), np.float32)]) for backend in (first, second)]
+    for _ in range(3):
+        for op in ops:
+            x = stored(op.backend, rng.standard_normal((5, 64, 1, 1)))
+            close(op.backend, op(x)[0].reshape(5, 10), linear_reference(x.reshape(5, 64), dense, weight.bias))
+    assert all(backend.graphs.recordings[-1].graph is not None for backend in (first, second))
+
+
+def test_without_the_capturable_gemm_prefill_runs_launch_by_launch(backend, monkeypatch):
+    """Where libcublas cannot be reached through ctypes, the prefill GEMM stays with cupy.matmul,
+    outside the graph, and gives the same values."""
+    monkeypatch.setattr(backend.device, "_cublas", None, raising=False)
+    weight, dense = quantized_linear(rng, 10, 64, 4, 32, bias=True)
+    op = OneOp(backend, conv_node(weight), [np.zeros((5, 64, 1, 1), np.float32)])
+    assert op.execution.capturable is False and backend.graphs.recordings[-1].capturable is False
+    for _ in range(2):
+        x = stored(backend, rng.standard_normal((5, 64, 1, 1)))
+        close(backend, op(x)[0].reshape(5, 10), linear_reference(x.reshape(5, 64), dense, weight.bias))
+
+
+def test_the_loaded_cublas_is_found_in_the_process_maps(tmp_path):
+    from mnngpu.backends.cuda.cublas import loaded_library_path
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /site/nvidia/cu13/lib/libcublasLt.so.13\n"
+                    "7f02-7f03 r-xp 00000000 08:01 2 /site/nvidia/cu13/lib/libcublas.so.13\n"
+                    "7f04-7f05 rw-p 00000000 00:00 0\n")
+    assert loaded_library_path(maps) == "/site/nvidia/cu13/lib/libcublas.so.13"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /site/nvidia/cu13/lib/libcublasLt.so.13\n")
+    assert loaded_library_path(maps) is None
+    assert loaded_library_path(tmp_path / "absent") is None
 
 
 # ---- no device --------------------------------------------------------------------------------------------------
