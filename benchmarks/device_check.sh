@@ -71,12 +71,19 @@ install_packages() {
         for deb in "$WHEELS"/gl/*.deb; do dpkg -x "$deb" / || return 1; done
         ldconfig
     fi
-    if ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+    if ! compgen -G "$WHEELS/*.whl" >/dev/null && ! compgen -G "$WHEELS/*.whl.tar.xz" >/dev/null; then
         echo "no wheels in $WHEELS: run tools/fetch_device_wheels.py --vulkan-loader first"
         return 1
     fi
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        "$WHEELS"/*.whl
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            "$WHEELS"/*.whl || return 1
+    fi
+    # a wheel fetch_device_wheels.py --compact stored as .tar.xz: its files, unpacked as pip would
+    for packed in "$WHEELS"/*.whl.tar.xz; do
+        [ -e "$packed" ] || continue
+        mkdir -p "$SITE" && tar -xJf "$packed" -C "$SITE" || return 1
+    done
 }
 
 # The drivers' loaders: Vulkan's ICD file where the loader finds none, and an OpenCL ICD file for

@@ -8,6 +8,11 @@ image lacks (into benchmarks/wheels/gl/). The folder is kept out of git via .git
 
     python tools/fetch_device_wheels.py                 # wheels only
     python tools/fetch_device_wheels.py --vulkan-loader # and the loader .debs (needs apt-get)
+    python tools/fetch_device_wheels.py --compact       # wheels over 8 MiB as .tar.xz of their files
+
+--compact is for a transfer with a size limit: the mnn wheel's native libraries shrink from
+17.6 to 10.1 MB under xz, and device_check.sh unpacks such a tarball into its --target folder,
+which is what pip does with a wheel that has no scripts or data.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -110,6 +116,29 @@ def fetch_wheels(dest: Path) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
+COMPACT_OVER = 8 << 20
+
+
+def compact(wheel: Path) -> Path | None:
+    """The wheel's files as <wheel>.tar.xz in its place, or None for a wheel pip would do more
+    with than unpack (scripts or data under *.data/)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        if any(name.split("/")[0].endswith(".data") for name in names):
+            return None
+        packed = wheel.with_name(wheel.name + ".tar.xz")
+        with tarfile.open(packed, "w:xz", preset=9) as tar:
+            for info in archive.infolist():
+                if info.is_dir():
+                    continue
+                entry = tarfile.TarInfo(info.filename)
+                entry.size, entry.mode = info.file_size, (info.external_attr >> 16) or 0o644
+                with archive.open(info) as data:
+                    tar.addfile(entry, data)
+    wheel.unlink()
+    return packed
+
+
 def fetch_loader_debs(dest: Path) -> None:
     """The Vulkan/EGL loader packages, as the device notes describe, for `dpkg -x` there."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -134,15 +163,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=DEFAULT_DIR, help=f"folder (default {DEFAULT_DIR})")
     parser.add_argument("--vulkan-loader", action="store_true", help="also fetch the loader .debs into DEST/gl")
+    parser.add_argument("--compact", action="store_true",
+                        help=f"store wheels over {COMPACT_OVER >> 20} MiB as .tar.xz of their files")
     args = parser.parse_args()
     dest = args.dest.resolve()
     if dest.is_relative_to(REPO):
         exclude_from_git(dest)
     wheels = fetch_wheels(dest)
+    if args.compact:
+        for wheel in [w for w in wheels if w.stat().st_size > COMPACT_OVER]:
+            packed = compact(wheel)
+            print(f"  {wheel.name}: " + (f"{packed.name} ({packed.stat().st_size / 1e6:.1f} MB)" if packed
+                                          else "has scripts or data, kept as a wheel"))
+        wheels = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.xz"))
     if args.vulkan_loader:
         fetch_loader_debs(dest / "gl")
     total = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    print(f"{len(wheels)} wheels in {dest}, {total / 2**20:.1f} MiB in all")
+    print(f"{len(wheels)} packages in {dest}, {total / 2**20:.1f} MiB in all")
     if total > 56 * 2**20:
         print("warning: a device call carries at most 64 MiB with the working tree; this leaves little room")
 
