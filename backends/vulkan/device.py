@@ -65,6 +65,7 @@ class VulkanDevice:
         self.driver_version = props.driverVersion
         self.max_binding_bytes = int(props.limits.maxStorageBufferRange)
         self.max_groups = int(props.limits.maxComputeWorkGroupCount[0])
+        self.max_invocations = int(props.limits.maxComputeWorkGroupInvocations)   # Vulkan guarantees 128
         self.min_offset_alignment = int(props.limits.minStorageBufferOffsetAlignment)
         self.fp16 = self._supports_fp16()
         self.queue_family = self._compute_queue_family()

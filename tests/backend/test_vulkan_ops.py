@@ -276,6 +276,20 @@ def test_one_row_linear_over_a_wide_input(vulkan, variant, bits):
     close(gated(x)[0].reshape(1, 70), harness.linear_reference(row, up_dense, up.bias) * g / (1 + np.exp(-g)), 1e-5)
 
 
+@pytest.mark.parametrize("max_invocations, kernel", [(1024, "linear_split_q4"), (128, "linear_gemv_q4")])
+def test_gpu_linear_needs_workgroups_of_256(vulkan, monkeypatch, max_invocations, kernel):
+    """linear_split's workgroup is 256 invocations; a GPU whose workgroups stop at Vulkan's
+    guaranteed 128 keeps the one-invocation-per-quad kernel."""
+    backend = make_backend(vulkan, variant="gpu")
+    monkeypatch.setattr(backend.device, "max_invocations", max_invocations)
+    rng = np.random.default_rng(8)
+    weight, dense = harness.quantized_linear(rng, oc=20, ic=64, bits=4, block=32, bias=True)
+    x = rng.normal(0, 1, (1, 64, 1, 1)).astype(np.float32)
+    op = OneOp(backend, harness.conv_node(weight), [x])
+    assert [d.kernel.name for d in op.execution.segment.dispatches] == [kernel]
+    close(op(x)[0].reshape(1, 20), harness.linear_reference(x.reshape(1, 64), dense, weight.bias), 1e-5)
+
+
 def test_uncached_mapped_memory_is_read_through_a_host_cached_copy(vulkan, monkeypatch):
     """A discrete GPU's BAR is mapped but not host-cached: written through the mapping, read back
     through a copy into host-cached memory, as a CPU read of uncached memory crawls."""

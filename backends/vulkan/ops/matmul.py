@@ -26,6 +26,7 @@ QUAD = 4               # output channels per invocation
 GEMM_TILE_ROWS = 8     # linear_gemm.comp: activation rows per workgroup
 GROUP_SIZE = 64        # invocations per workgroup
 SPLIT_QUADS = 8        # linear_split.comp: quads of one row per workgroup (the width split 32 ways)
+SPLIT_INVOCATIONS = 256   # linear_split.comp's workgroup, more than the 128 Vulkan guarantees
 PACK_ROWS = 4096       # channels unpacked at a time while packing
 
 
@@ -163,7 +164,8 @@ class VulkanLinear(VulkanExecution):
     def record(self, packed: PackedLinear, x: DeviceTensor, y: DeviceTensor, n: int, out, up=None) -> None:
         out.device = y
         gemv = n == 1
-        split = self.backend.variant == "gpu"   # a GPU needs more threads than one per quad
+        # a GPU needs more threads than one per quad, where its workgroups are large enough
+        split = self.backend.variant == "gpu" and self.backend.device.max_invocations >= SPLIT_INVOCATIONS
         form = "split" if split else "gemv" if gemv else "gemm"
         kernel = f"linear_{form}_{packed.kind}" + ("_gated" if up is not None else "")
         spare = self.backend.placeholder
