@@ -3,7 +3,7 @@ timed between two device synchronizations.
 
     python benchmarks/cuda_profile.py bench_models/qwen2_5_0_5b_shape --prompt 512 --repeats 3
 
-The whole steps are timed first as a run makes them (the decode step replays its CUDA graph).
+The whole steps are timed first as a run makes them (each module replays its CUDA graph).
 Then CUDA graphs are switched off and every op of one prefill and one decode step runs alone,
 the stream synchronized before and after it, so the per-op sums include each launch's host
 cost and miss the overlap a normal run has. What a step spends outside the ops (the

@@ -33,10 +33,9 @@ def loaded_library_path(maps: Path = Path("/proc/self/maps")) -> str | None:
         lines = maps.read_text().splitlines()
     except OSError:
         return None
-    for line in lines:
-        path = line.split()[-1] if line.split() else ""
-        if Path(path).name.startswith("libcublas.so"):
-            return path
+    for fields in (line.split() for line in lines):
+        if fields and Path(fields[-1]).name.startswith("libcublas.so"):
+            return fields[-1]
     return None
 
 
