@@ -24,6 +24,7 @@ os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 
 from machine import cpu_description, read_bandwidth_gbs
 
+from mnngpu.backends.cpu.ops import lane_kernels
 from mnngpu.backends.cpu.ops import linear_kernels as kernels
 
 BLOCK = 64
@@ -45,25 +46,30 @@ def matrix(rng, oc: int, ic: int):
 
 
 def call_args(rng, outs: tuple, ic: int, rows: int, quantized: bool, gated: bool) -> tuple:
+    """One call's arguments: precision low's lane-group kernels (quantized), else the float GEMVs."""
     members = [matrix(rng, oc, ic) for oc in outs]
+    if quantized:
+        members = [lane_kernels.pack(codes, alpha) for codes, alpha in members]
     codes_t, alpha_t = tuple(m[0] for m in members), tuple(m[1] for m in members)
     k_t = tuple(np.float32(-8) for _ in outs)
     bias_t = tuple(np.zeros(0, dtype=np.float32) for _ in outs)
     xs = rng.standard_normal((rows, ic)).astype(np.float32)
-    buffers = kernels.row_buffers(rows, ic, BLOCK, quantized)
-    one = rows == 1
-    x = xs[0] if one else xs
-    bufs = tuple(b[0] for b in buffers) if one else buffers
     spans = kernels.row_spans(list(outs))
     out_t = tuple(np.empty((rows, oc), np.float32) for oc in outs)
-    group = (codes_t, alpha_t, k_t, bias_t, spans, x, True, BLOCK, *bufs, tuple(o[0] for o in out_t) if one else out_t)
-    if gated:   # + the output, up * silu(gate)
-        out = np.empty((rows, outs[0]), np.float32)
-        return (*group, out[0] if one else out)
-    return group
+    out = np.empty((rows, outs[0]), np.float32)   # a gated call's up * silu(gate)
+    if quantized:
+        group = (codes_t, alpha_t, k_t, bias_t, spans, xs, BLOCK, *lane_kernels.x_buffers(rows, ic, BLOCK), out_t)
+        return (*group, out) if gated else group
+    one = rows == 1
+    buffers = kernels.row_buffers(rows, ic, BLOCK)
+    group = (codes_t, alpha_t, k_t, bias_t, spans, xs[0] if one else xs, True, BLOCK,
+             *(tuple(b[0] for b in buffers) if one else buffers), tuple(o[0] for o in out_t) if one else out_t)
+    return (*group, out[0] if one else out) if gated else group
 
 
-def kernel_for(rows: int, gated: bool):
+def kernel_for(rows: int, gated: bool, quantized: bool):
+    if quantized:
+        return lane_kernels.lanes_gated if gated else lane_kernels.lanes_group
     if gated:
         return kernels.gemv_gated if rows == 1 else kernels.gemv_rows_gated
     return kernels.gemv_group if rows == 1 else kernels.gemv_rows_group
@@ -101,7 +107,7 @@ def main() -> int:
         for precision in args.precision:
             for rows in args.rows:
                 copies = [call_args(rng, outs, ic, rows, precision == "low", gated) for _ in range(n_copies)]
-                best, mean = call_seconds(kernel_for(rows, gated), copies, args.repeats)
+                best, mean = call_seconds(kernel_for(rows, gated, precision == "low"), copies, args.repeats)
                 print(f"{name:10s} {rows:4d} {precision:>9s} {best * 1e6:9.1f} {weight_bytes / best / 1e9:7.2f}"
                       f" {mean * 1e6:9.1f} {weight_bytes / mean / 1e9:9.2f}")
                 del copies

@@ -35,7 +35,7 @@ from mnngpu.backends.cpu.ops.matmul import CPUConvolution, CPUGatedLinear, CPULi
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
 from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
 from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
-from mnngpu.runtime.host_ops import is_windowed  # noqa: E402
+from mnngpu.runtime.host_ops import is_pointwise, is_windowed  # noqa: E402
 from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, OPS, ROPE  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
@@ -73,13 +73,13 @@ class CPUBackend(Backend):
         memory.fix_mmap_threshold()
         self.workers = WorkerPool.shared(threads)
         self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
-        self.quantize_activations = config.precision == "low"   # decode GEMV on int16 x (ops/linear_kernels.py)
+        self.quantize_activations = config.precision == "low"   # int4 linears on int16 x (ops/lane_kernels.py)
         self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
         # kvcache_mmap / use_mmap: those arrays live in files under tmp_path
         self.kv_files = MappedFiles(config.tmp_path, "kv") if config.kvcache_mmap else None
         self.weight_files = MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
         self._recorded: list = []
-        self._scratch: dict[tuple[str, int], np.ndarray] = {}
+        self._scratch: dict[tuple[str, int, str], np.ndarray] = {}
 
     encoder_attention = True
     windowed_convolution = True
@@ -94,7 +94,8 @@ class CPUBackend(Backend):
     # ---- load ----------------------------------------------------------------------------------
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution":
-            packed = pack_linear(node.weights.pop("weight"), node.param)
+            lanes = self.quantize_activations and is_pointwise(node.param.common)
+            packed = pack_linear(node.weights.pop("weight"), node.param, lanes=lanes)
             if self.weight_files is not None:
                 packed = self._mapped(packed)
             node.weights["packed"] = packed
@@ -137,13 +138,13 @@ class CPUBackend(Backend):
         return np.array(tensor.device, dtype=tensor.dtype).reshape(tensor.shape)
 
     # ---- what executions share -----------------------------------------------------------------
-    def scratch(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A float32 work array of `shape`, this thread's own, reused (and grown) across calls."""
-        key = (name, threading.get_ident())
+    def scratch(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        """A work array of `shape`, this thread's own, reused (and grown) across calls."""
+        key = (name, threading.get_ident(), np.dtype(dtype).str)
         size = math.prod(shape)
         buffer = self._scratch.get(key)
         if buffer is None or buffer.size < size:
-            buffer = self._scratch[key] = np.empty(size, dtype=np.float32)
+            buffer = self._scratch[key] = np.empty(size, dtype=dtype)
         return buffer[:size].reshape(shape)
 
     def kv_zeros(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:

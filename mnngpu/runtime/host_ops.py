@@ -353,12 +353,18 @@ def conv_output_size(common, height: int, width: int) -> tuple[int, int]:
             (width + left + right - dw * (kw - 1) - 1) // sw + 1)
 
 
+def is_pointwise(common) -> bool:
+    """A 1x1 convolution with stride 1 and no padding: a linear layer at each position."""
+    kh, kw, sh, sw, _, _, top, left, bottom, right = conv_window(common)
+    return (kh, kw, sh, sw) == (1, 1, 1, 1) and not (top or left or bottom or right)
+
+
 def is_windowed(common, in_shape) -> bool:
     """A convolution that slides its window (not a 1x1 per-position linear layer, nor a patch
     embedding whose window covers its whole unpadded input)."""
-    kh, kw, sh, sw, _, _, top, left, bottom, right = conv_window(common)
-    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not (top or left or bottom or right):
+    if is_pointwise(common):
         return False
+    kh, kw, _, _, _, _, top, left, bottom, right = conv_window(common)
     return tuple(in_shape[2:]) != (kh, kw) or bool(top or left or bottom or right)
 
 

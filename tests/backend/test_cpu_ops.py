@@ -4,6 +4,8 @@ they replace, and the buffer planner's sharing rules."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -33,11 +35,10 @@ def make_backend(precision: str = "high", threads: int = 2) -> CPUBackend:
 
 
 def cpu_linear(x: np.ndarray, weight: QuantizedLinear, dense: np.ndarray, precision: str) -> np.ndarray:
-    """x [rows, ic] times the layer, as the CPU computes it. At precision low an int4 GEMV (fewer
-    than matmul.PREFILL_ROWS rows, blocks of whole int16 chunks) multiplies the weights' levels
-    with x rounded to int16 chunks, and their zero points with x itself."""
-    integer = (precision == "low" and weight.bits == 4 and weight.block_size % 64 == 0
-               and x.shape[0] < matmul.PREFILL_ROWS)
+    """x [rows, ic] times the layer, as the CPU computes it. At precision low an int4 layer (blocks
+    of whole int16 chunks; any number of rows) multiplies the weights' levels with x rounded to
+    int16 chunks, and their zero points with x itself."""
+    integer = precision == "low" and weight.bits == 4 and weight.block_size % 64 == 0
     if not integer:
         return linear_reference(x, dense, weight.bias)
     zeros = np.repeat(weight.zeros.astype(np.float64), weight.block_size, axis=1)
@@ -144,6 +145,46 @@ def test_packed_weights_are_the_weight_files_own_bytes(tmp_path):
     got = run(make_backend(), node, [x])
     want = x.reshape(1, -1) @ dense.T + (0 if decoded.bias is None else decoded.bias)
     close(got.reshape(1, -1), want, 2e-6)
+
+
+def _resident_kb(address: int) -> int:
+    """Rss of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1])
+    raise AssertionError("no mapping holds the address")
+
+
+def test_precision_low_repacks_int4_into_lane_groups_and_releases_the_files_pages():
+    """Precision low's lane groups are a copy: the pages of the mapped file they came from leave
+    the process's resident memory, so the weights are resident once, and the layer still computes
+    the format decoder's weights."""
+    from mnngpu.format import read_net
+    from mnngpu.format.quant import read_linear
+    from mnngpu.format.weights import WeightFile
+    from tests.conftest import FIXTURES
+
+    folder = FIXTURES / "qwen2_int4_b64"
+    net = read_net(folder / "llm.mnn")
+    weights = WeightFile(folder / "llm.mnn.weight")
+    mapped = np.frombuffer(weights._map, dtype=np.uint8)
+    int(mapped[::4096].sum())   # every page resident
+    before = _resident_kb(mapped.ctypes.data)
+    op = max((op for op in net.ops if op.type == "Convolution"), key=lambda op: read_linear(weights, op.param).codes.nbytes)
+    weight = read_linear(weights, op.param)
+    packed = matmul.pack_linear(weight, op.param, lanes=True)
+    assert packed.lanes and not np.shares_memory(packed.codes, mapped)
+    whole_pages_kb = weight.codes.nbytes // 1024 - 8   # all but the two pages it shares at its ends
+    assert before - _resident_kb(mapped.ctypes.data) >= whole_pages_kb > 0
+    x = np.random.default_rng(8).normal(0, 1, (3, weight.ic, 1, 1)).astype(np.float32)
+    got = run(make_backend("low"), Node("Convolution", op.name, op.param, {"weight": weight}), [x])
+    close(got.reshape(3, -1), cpu_linear(x.reshape(3, -1), weight, weight.dequantize().astype(np.float64), "low"),
+          2e-6)
 
 
 # ---- norms, attention, elementwise ------------------------------------------------------------

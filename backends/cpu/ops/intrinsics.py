@@ -39,14 +39,23 @@ def prefetch(typingctx, array, byte_offset):
     return types.void(array, byte_offset), codegen
 
 
-_V16I8 = ir.VectorType(ir.IntType(8), 16)
 _V32I8 = ir.VectorType(ir.IntType(8), 32)
-_V16I16 = ir.VectorType(ir.IntType(16), 16)
 _V32I16 = ir.VectorType(ir.IntType(16), 32)
+_V32I32 = ir.VectorType(_I32, 32)
 _V8I32 = ir.VectorType(_I32, 8)
 _V16I32 = ir.VectorType(_I32, 16)
-CHUNK_CODE_BYTES = 32   # one chunk: 64 int4 weights ...
-CHUNK_X_BYTES = 128     # ... and 64 int16 activations
+_F32 = ir.FloatType()
+_I64 = ir.IntType(64)
+_V16F32 = ir.VectorType(_F32, 16)
+
+LANES = 16                  # output rows of a lane group: one int32 / float lane each
+QUANT_CHUNK = 64            # inputs per int16 step of x, and per group chunk of codes
+STEP_BYTES = 32             # codes of one dot step: 16 lanes x 2 bytes (4 inputs a lane)
+GROUP_CHUNK_BYTES = 512     # a group's codes for one chunk: 16 steps
+GROUP_BLOCK_FLOATS = 2 * LANES   # a group's alpha for one block: 16 mins, then 16 scales
+PREFETCH_BYTES = 2048       # how far ahead of the chunk being read the codes are prefetched
+ALPHA_PREFETCH_BYTES = 512  # ... and the group's alpha (a quarter of the codes' bytes)
+CACHE_LINE = 64
 
 
 def vnni_width() -> int:
@@ -64,60 +73,11 @@ def vnni_width() -> int:
 
 
 VNNI_WIDTH = vnni_width()
-DOT_LANES = 8 if VNNI_WIDTH == 256 else 16   # int32 partial sums per chunk dot (_dot_words)
 
 
-def _load(builder, base, offset: int, vector_type):
-    address = builder.gep(base, [ir.Constant(ir.IntType(64), offset)]) if offset else base
-    return builder.load(builder.bitcast(address, vector_type.as_pointer()), align=1)
-
-
-def _nibble_words(builder, code_ptr) -> list:
-    """The 64 nibbles of the 32 code bytes at code_ptr as int16 vectors, each with its byte offset
-    into the int16 x layout [xe (32) | xo (32)]: (high nibbles 0-31, 0) and (low 0-31, 64) in one
-    v32i16 each at 512 bits, else split in halves of v16i16."""
-    if VNNI_WIDTH == 512:
-        codes = builder.zext(_load(builder, code_ptr, 0, _V32I8), _V32I16)
-        return [(builder.lshr(codes, ir.Constant(_V32I16, [4] * 32)), 0),
-                (builder.and_(codes, ir.Constant(_V32I16, [15] * 32)), 64)]
-    four, fifteen = ir.Constant(_V16I16, [4] * 16), ir.Constant(_V16I16, [15] * 16)
-    words = []
-    for half in range(2):
-        codes = builder.zext(_load(builder, code_ptr, 16 * half, _V16I8), _V16I16)
-        words.append((builder.lshr(codes, four), 32 * half))
-        words.append((builder.and_(codes, fifteen), 64 + 32 * half))
-    return words
-
-
-def _dot_words(builder, words, x_ptr):
-    """sum over the (nibbles, offset) pairs of nibbles * the int16 x at x_ptr + offset, as a vector
-    of DOT_LANES int32 partial sums."""
-    if VNNI_WIDTH:
-        acc_type = _V16I32 if VNNI_WIDTH == 512 else _V8I32
-        dot_type = ir.FunctionType(acc_type, [acc_type] * 3)
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, f"llvm.x86.avx512.vpdpwssd.{VNNI_WIDTH}")
-        acc = ir.Constant(acc_type, [0] * acc_type.count)
-        for codes16, offset in words:
-            x16 = _load(builder, x_ptr, offset, codes16.type)
-            acc = builder.call(dot, [acc, builder.bitcast(codes16, acc_type), builder.bitcast(x16, acc_type)])
-        return acc
-    acc = None
-    for codes16, offset in words:
-        x16 = _load(builder, x_ptr, offset, _V16I16)
-        product = builder.mul(builder.zext(codes16, _V16I32), builder.sext(x16, _V16I32))
-        acc = product if acc is None else builder.add(acc, product)
-    return acc
-
-
-_F32 = ir.FloatType()
-_I64 = ir.IntType(64)
-PREFETCH_BYTES = 2048   # how far ahead of the chunk being read the codes are prefetched
-
-
-def _vector_fma(builder, a, b, c):
-    fma_type = ir.FunctionType(a.type, [a.type] * 3)
-    name = f"llvm.fma.v{a.type.count}f32"
-    return builder.call(cgutils.get_or_insert_function(builder.module, fma_type, name), [a, b, c])
+def _load(builder, base, offset, vector_type, align: int = 1):
+    address = builder.gep(base, [offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)])
+    return builder.load(builder.bitcast(address, vector_type.as_pointer()), align=align)
 
 
 def _splat(builder, value, vector_type):
@@ -126,22 +86,38 @@ def _splat(builder, value, vector_type):
                                                               [0] * vector_type.count))
 
 
-def _element_pointer(builder, base, index, element_bytes: int):
-    return builder.gep(base, [builder.mul(index, ir.Constant(_I64, element_bytes))])
+def _vector_fma(builder, a, b, c):
+    fma_type = ir.FunctionType(a.type, [a.type] * 3)
+    name = f"llvm.fma.v{a.type.count}f32"
+    return builder.call(cgutils.get_or_insert_function(builder.module, fma_type, name), [a, b, c])
 
 
-CACHE_LINE = 64
+def _halves(builder, vector):
+    """The low and high 8 lanes of a 16-lane vector."""
+    mask = ir.VectorType(_I32, 8)
+    return [builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(8 * h, 8 * h + 8)))) for h in (0, 1)]
 
 
-def _prefetch_line_ahead(builder, element_ptr, index, element_bytes: int, distance: int) -> None:
-    """Prefetch `distance` bytes past element `index` (at element_ptr) of a stream of
-    element_bytes-sized elements, at one element in CACHE_LINE // element_bytes: the prefetches are a line apart, so they still
-    cover every line, with no more prefetch instructions than lines (on a Zen 4, with the weights
-    in cache, a prefetch per 32-byte chunk took 22% of the one-row GEMV's time)."""
-    every = CACHE_LINE // element_bytes
-    first = builder.icmp_unsigned("==", builder.and_(index, ir.Constant(_I64, every - 1)), ir.Constant(_I64, 0))
-    with builder.if_then(first, likely=False):
-        _prefetch_address(builder, builder.gep(element_ptr, [ir.Constant(_I64, distance)]))
+def _lane_dot(builder, acc, words, pair):
+    """acc (16 x int32) plus, in each lane l, words[2l] * x0 + words[2l+1] * x1: `words` the 32 int16
+    codes (as 16 x i32), `pair` the two int16 inputs (x0, x1) as one i32."""
+    pairs = _splat(builder, pair, _V16I32)
+    if VNNI_WIDTH == 512:
+        dot_type = ir.FunctionType(_V16I32, [_V16I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpwssd.512")
+        return builder.call(dot, [acc, words, pairs])
+    if VNNI_WIDTH == 256:
+        dot_type = ir.FunctionType(_V8I32, [_V8I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpwssd.256")
+        low, high = (builder.call(dot, [a, w, p]) for a, w, p in zip(
+            _halves(builder, acc), _halves(builder, words), _halves(builder, pairs)))
+        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    product = builder.mul(builder.sext(builder.bitcast(words, _V32I16), _V32I32),
+                          builder.sext(builder.bitcast(pairs, _V32I16), _V32I32))
+    even, odd = (builder.shuffle_vector(product, product, ir.Constant(ir.VectorType(_I32, 16),
+                                                                      list(range(start, 32, 2))))
+                 for start in (0, 1))
+    return builder.add(acc, builder.add(even, odd))
 
 
 # numba's fastmath pass gives every float add and multiply that has no flag the "fast" flags, which
@@ -149,75 +125,77 @@ def _prefetch_line_ahead(builder, element_ptr, index, element_bytes: int, distan
 # A flag of our own ("no signed zeros", which changes no finite result) keeps these exact, so a
 # verify row computes the bits its decode step computes.
 _EXACT = ("nsz",)
-_DOT_FLOATS = ir.VectorType(_F32, DOT_LANES)
 
 
 class _XRow:
-    """The byte pointers of one input row's int16 values, chunk steps and block sums, and its two
-    float accumulators (allocas, which LLVM keeps in registers): `dots`, DOT_LANES lanes of the
-    scaled chunk dots, and `pair`, the block-sum terms."""
+    """One input row: byte pointers to its int16 values, chunk steps and block sums, and its two
+    float accumulators (allocas, which LLVM keeps in registers): `dots`, the scaled chunk dots,
+    and `low`, the block sums times (k * scale + min)."""
 
     def __init__(self, builder, pointers):
         self.xq, self.xscale, self.xsum = pointers
-        self.pair = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 2), [0.0, 0.0]))
-        self.dots = cgutils.alloca_once_value(builder, ir.Constant(_DOT_FLOATS, [0.0] * DOT_LANES))
+        self.dots = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * LANES))
+        self.low = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * LANES))
 
 
-def _lanes_sum(builder, vector):
-    """The sum of a float vector's lanes, its halves added until one lane is left: a fixed order."""
-    while vector.type.count > 1:
-        half = vector.type.count // 2
-        mask = ir.VectorType(_I32, half)
-        low = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half))))
-        high = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half, 2 * half))))
-        vector = builder.fadd(low, high, flags=_EXACT)
-    return builder.extract_element(vector, ir.Constant(_I32, 0))
+def _prefetch_lines(builder, base, first: int, count: int) -> None:
+    for line in range(count):
+        _prefetch_address(builder, builder.gep(base, [ir.Constant(_I64, first + line * CACHE_LINE)]))
 
 
-def _row_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers) -> list:
-    """The int4 weight row times each input row at precision low:
-        sum_b scale_b * sum_{c in b} xscale_c * dot_c  +  sum_b (k * scale_b + min_b) * xsum_b
-    where chunk c is 32 code bytes (64 nibbles, high first) and 64 int16 x values laid out as
-    [even elements (32) | odd elements (32)], dot_c their integer dot product. The nibbles are
-    unpacked once for all the input rows. Each row keeps dot_c's DOT_LANES int32 lanes as they come
-    from the dot instructions: a chunk costs the row one int-to-float conversion and one multiply-add
-    of vectors, with no reduction; one reduction in a fixed order ends the row. Every step of a row
-    is the same whatever the number of rows, so its float result is too."""
-    rows = [_XRow(builder, pointers) for pointers in x_pointers]
-    pair_type = ir.VectorType(_F32, 2)
-    with cgutils.for_range(builder, blocks) as block_loop:
-        b = block_loop.index
-        block_alpha = _element_pointer(builder, alpha_ptr, b, 8)
-        pair = builder.load(builder.bitcast(block_alpha, pair_type.as_pointer()), align=4)
-        scale = builder.extract_element(pair, ir.Constant(_I32, 1))
-        _prefetch_line_ahead(builder, block_alpha, b, 8, PREFETCH_BYTES // 4)   # alpha: 8 bytes per 32 code bytes
-        for row in rows:
-            xsum = builder.load(builder.bitcast(_element_pointer(builder, row.xsum, b, 4), _F32.as_pointer()))
-            builder.store(_vector_fma(builder, pair, _splat(builder, xsum, pair_type), builder.load(row.pair)),
-                          row.pair)
-        with cgutils.for_range(builder, chunks_per_block) as chunk_loop:
-            c = builder.add(builder.mul(b, chunks_per_block), chunk_loop.index)
-            chunk_ptr = _element_pointer(builder, code_ptr, c, CHUNK_CODE_BYTES)
-            _prefetch_line_ahead(builder, chunk_ptr, c, CHUNK_CODE_BYTES, PREFETCH_BYTES)
-            words = _nibble_words(builder, chunk_ptr)
-            for row in rows:
-                dot = _dot_words(builder, words, _element_pointer(builder, row.xq, c, CHUNK_X_BYTES))
-                xscale = builder.load(builder.bitcast(_element_pointer(builder, row.xscale, c, 4), _F32.as_pointer()))
-                factor = _splat(builder, builder.fmul(scale, xscale, flags=_EXACT), _DOT_FLOATS)
-                builder.store(_vector_fma(builder, builder.sitofp(dot, _DOT_FLOATS), factor, builder.load(row.dots)),
-                              row.dots)
-    sums = []
-    for row in rows:
-        pair = builder.load(row.pair)
-        low = builder.fadd(builder.extract_element(pair, ir.Constant(_I32, 0)),
-                           builder.fmul(k, builder.extract_element(pair, ir.Constant(_I32, 1)), flags=_EXACT),
-                           flags=_EXACT)
-        sums.append(builder.fadd(_lanes_sum(builder, builder.load(row.dots)), low, flags=_EXACT))
+def _chunk_dots(builder, chunk_ptr, chunk, rows) -> list:
+    """Each row's 16 int32 lane sums over one chunk: the group's 512 code bytes at chunk_ptr,
+    step s holding in bytes 2l, 2l+1 of its 32 the codes of lane l's inputs 4s, 4s+1 (low
+    nibbles) and 4s+2, 4s+3 (high nibbles), so one load serves two dot steps of every row."""
+    sums = [ir.Constant(_V16I32, [0] * LANES) for _ in rows]
+    x_chunk = builder.mul(chunk, ir.Constant(_I64, 2 * QUANT_CHUNK))
+    for step in range(GROUP_CHUNK_BYTES // STEP_BYTES):
+        codes = builder.zext(_load(builder, chunk_ptr, STEP_BYTES * step, _V32I8), _V32I16)
+        low = builder.bitcast(builder.and_(codes, ir.Constant(_V32I16, [15] * 32)), _V16I32)
+        high = builder.bitcast(builder.lshr(codes, ir.Constant(_V32I16, [4] * 32)), _V16I32)
+        for r, row in enumerate(rows):
+            x_step = builder.add(x_chunk, ir.Constant(_I64, 8 * step))
+            sums[r] = _lane_dot(builder, sums[r], low, _load(builder, row.xq, x_step, _I32))
+            sums[r] = _lane_dot(builder, sums[r], high,
+                                _load(builder, row.xq, builder.add(x_step, ir.Constant(_I64, 4)), _I32))
     return sums
 
 
+def _scalar(builder, base, index):
+    return _load(builder, base, builder.mul(index, ir.Constant(_I64, 4)), _F32, align=4)
+
+
+def _group_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers) -> list:
+    """A lane group of an int4 matrix times each input row at precision low, 16 output rows at once:
+        out[l] = sum_c scale_b(c)[l] * xscale_c * dot_c[l]  +  sum_b (k * scale_b[l] + min_b[l]) * xsum_b
+    where chunk c is 64 inputs, x is int16 with one step per chunk, and dot_c[l] lane l's integer
+    dot product. The codes are unpacked once for all the rows. Every step of a row is the same
+    whatever the number of rows, so its float result is too."""
+    rows = [_XRow(builder, pointers) for pointers in x_pointers]
+    with cgutils.for_range(builder, blocks) as block_loop:
+        b = block_loop.index
+        block_alpha = builder.gep(alpha_ptr, [builder.mul(b, ir.Constant(_I64, 4 * GROUP_BLOCK_FLOATS))])
+        _prefetch_lines(builder, block_alpha, ALPHA_PREFETCH_BYTES, 2)
+        mins = _load(builder, block_alpha, 0, _V16F32, align=4)
+        scales = _load(builder, block_alpha, 4 * LANES, _V16F32, align=4)
+        low = _vector_fma(builder, _splat(builder, k, _V16F32), scales, mins)
+        for row in rows:
+            xsum = _splat(builder, _scalar(builder, row.xsum, b), _V16F32)
+            builder.store(_vector_fma(builder, low, xsum, builder.load(row.low)), row.low)
+        with cgutils.for_range(builder, chunks_per_block) as chunk_loop:
+            c = builder.add(builder.mul(b, chunks_per_block), chunk_loop.index)
+            chunk_ptr = builder.gep(code_ptr, [builder.mul(c, ir.Constant(_I64, GROUP_CHUNK_BYTES))])
+            _prefetch_lines(builder, chunk_ptr, PREFETCH_BYTES, GROUP_CHUNK_BYTES // CACHE_LINE)
+            for row, dot in zip(rows, _chunk_dots(builder, chunk_ptr, c, rows)):
+                factor = builder.fmul(scales, _splat(builder, _scalar(builder, row.xscale, c), _V16F32),
+                                      flags=_EXACT)
+                builder.store(_vector_fma(builder, builder.sitofp(dot, _V16F32), factor, builder.load(row.dots)),
+                              row.dots)
+    return [builder.fadd(builder.load(row.dots), builder.load(row.low), flags=_EXACT) for row in rows]
+
+
 def _data_pointer(context, builder, array_type, array, row=None):
-    """Byte pointer to `array`'s first element, or to the first element of its row `row` (2-D)."""
+    """Byte pointer to `array`'s first element, or to the first element of its row `row`."""
     ary = context.make_array(array_type)(context, builder, array)
     base = builder.bitcast(ary.data, _BYTE_PTR)
     if row is None:
@@ -226,56 +204,53 @@ def _data_pointer(context, builder, array_type, array, row=None):
     return builder.gep(base, [builder.mul(row, stride)])
 
 
-def _row_arguments(context, builder, signature, args):
-    """(code pointer, alpha pointer, k, chunks per block, blocks) from (codes, code_offset (bytes),
-    alpha, alpha_offset (floats), k, chunks_per_block, blocks, ...)."""
-    code_ptr = builder.gep(_data_pointer(context, builder, signature.args[0], args[0]), [args[1]])
-    alpha_base = _data_pointer(context, builder, signature.args[2], args[2])
-    alpha_ptr = builder.gep(alpha_base, [builder.mul(args[3], ir.Constant(_I64, 4))])
-    k = context.cast(builder, args[4], signature.args[4], types.float32)
-    return code_ptr, alpha_ptr, k, args[5], args[6]
+def _store_lanes(builder, values, row_ptr, column, valid) -> None:
+    """values' first `valid` lanes into the float32 row at row_ptr, from element `column` on."""
+    target = builder.gep(row_ptr, [builder.mul(column, ir.Constant(_I64, 4))])
+    full = builder.icmp_signed("==", valid, ir.Constant(_I64, LANES))
+    with builder.if_else(full, likely=True) as (whole, part):
+        with whole:
+            builder.store(values, builder.bitcast(target, _V16F32.as_pointer()), align=4)
+        with part:
+            pointer = builder.bitcast(target, _F32.as_pointer())
+            with cgutils.for_range(builder, valid) as lane:
+                builder.store(builder.extract_element(values, lane.index), builder.gep(pointer, [lane.index]))
 
 
-@intrinsic
-def row_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xq, xscale, xsum):
-    """One int4 weight row times one input row at precision low (float32): see _row_sums. codes
-    uint8 with the row at byte code_offset; alpha float32 [oc, blocks, 2] (min, scale) with the row
-    at float alpha_offset; xq int16 [ic] in _row_sums's chunk layout, xscale [ic/64], xsum [blocks]."""
-    if not all(isinstance(a, types.Array) for a in (codes, alpha, xq, xscale, xsum)):
-        return None
+def _group_intrinsic(count: int):
+    """group{count}_u4_s16(codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out,
+    column, valid): rows first..first+count-1 of x (xq int16 [rows, ic], xscale [rows, chunks],
+    xsum [rows, blocks]) times lane group `group` of the matrix (codes uint8 [groups, chunks, 512],
+    alpha float32 [groups, blocks, 32]), its `valid` outputs stored at out[row, column:]."""
 
-    def codegen(context, builder, signature, args):
-        head = _row_arguments(context, builder, signature, args)
-        x = [tuple(_data_pointer(context, builder, t, a) for t, a in zip(signature.args[7:], args[7:]))]
-        return _row_sums(builder, *head, x)[0]
-
-    return types.float32(codes, types.intp, alpha, types.intp, types.float32, types.intp, types.intp,
-                         xq, xscale, xsum), codegen
-
-
-def _rows_intrinsic(count: int):
-    """row_u4_s16 for rows first..first+count-1 of the 2-D xqs, xscales and xsums (a tuple of
-    `count`): the weight row's nibbles are unpacked once for all of them."""
-
-    def rows_u4_s16(typingctx, codes, code_offset, alpha, alpha_offset, k, chunks_per_block, blocks, xqs, xscales,
-                    xsums, first):
-        if not all(isinstance(a, types.Array) for a in (codes, alpha, xqs, xscales, xsums)):
+    def group_u4_s16(typingctx, codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out, column,
+                     valid):
+        if not all(isinstance(a, types.Array) for a in (codes, alpha, xq, xscale, xsum, out)):
             return None
 
         def codegen(context, builder, signature, args):
-            head = _row_arguments(context, builder, signature, args)
-            x = []
+            code_ptr = _data_pointer(context, builder, signature.args[0], args[0], args[2])
+            alpha_ptr = _data_pointer(context, builder, signature.args[1], args[1], args[2])
+            k_value = context.cast(builder, args[3], signature.args[3], types.float32)
+            x_pointers, out_rows = [], []
             for r in range(count):
-                row = builder.add(args[10], ir.Constant(_I64, r))
-                x.append(tuple(_data_pointer(context, builder, t, a, row)
-                               for t, a in zip(signature.args[7:10], args[7:10])))
-            return context.make_tuple(builder, signature.return_type, _row_sums(builder, *head, x))
+                row = builder.add(args[8], ir.Constant(_I64, r))
+                x_pointers.append(tuple(_data_pointer(context, builder, t, a, row)
+                                        for t, a in zip(signature.args[5:8], args[5:8])))
+                out_rows.append(_data_pointer(context, builder, signature.args[9], args[9], row))
+            xsum_shape = cgutils.unpack_tuple(builder, context.make_array(signature.args[7])(
+                context, builder, args[7]).shape, 2)
+            sums = _group_sums(builder, code_ptr, alpha_ptr, k_value, args[4], xsum_shape[1], x_pointers)
+            for values, out_row in zip(sums, out_rows):
+                _store_lanes(builder, values, out_row, args[10], args[11])
+            return context.get_dummy_value()
 
-        return types.UniTuple(types.float32, count)(codes, types.intp, alpha, types.intp, types.float32, types.intp,
-                                                    types.intp, xqs, xscales, xsums, types.intp), codegen
+        return types.void(codes, alpha, types.intp, types.float32, types.intp, xq, xscale, xsum, types.intp, out,
+                          types.intp, types.intp), codegen
 
-    rows_u4_s16.__name__ = rows_u4_s16.__qualname__ = f"row{count}_u4_s16"
-    return intrinsic(rows_u4_s16)
+    group_u4_s16.__name__ = group_u4_s16.__qualname__ = f"group{count}_u4_s16"
+    return intrinsic(group_u4_s16)
 
 
-row2_u4_s16, row3_u4_s16, row4_u4_s16 = (_rows_intrinsic(count) for count in (2, 3, 4))
+GROUP_ROWS = 4   # rows of x that share one unpacking of a group's codes (group4_u4_s16)
+group1_u4_s16, group2_u4_s16, group3_u4_s16, group4_u4_s16 = (_group_intrinsic(count) for count in range(1, 5))

@@ -5,11 +5,14 @@ codes are views of the memory-mapped file, and so is alpha when the file stores 
 (min, scale) pairs, which the exporter does. Otherwise alpha is rebuilt as (zero, scale) pairs
 from the decoded scales and zeros (small models, symmetric or fp16-alpha exports).
 
-* Decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup (q/k/v)
-  in one parallel launch; GatedLinear fuses gate, up and MUL_SILU. At precision low the
-  activation is quantized to int16 per 64 values and int4 blocks use an integer dot product.
-* A few rows (a speculative verify block, a short prompt chunk): the same GEMVs, every row of x
-  passing over each span of weight rows while it is in cache (gemv_rows_group / gemv_rows_gated).
+* precision low, int4 (block a multiple of 64): the codes and alpha are repacked at load into
+  lane groups of 16 output rows (lane_kernels.py) and every row count, decode, a verify block or
+  a prefill chunk, runs lane_kernels.lanes_group / lanes_gated on int16 activations. The file's
+  pages of the repacked arrays are released, so the weights are in memory once.
+* Otherwise, decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup
+  (q/k/v) in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
+* A few rows (a short prompt chunk): the same GEMVs, every row of x passing over each span of
+  weight rows while it is in cache (gemv_rows_group / gemv_rows_gated).
 * Prefill (PREFILL_ROWS rows or more): tiles of output rows are dequantized into a per-thread
   float32 buffer and multiplied with numpy's BLAS (one BLAS thread per worker), so no float copy
   of a whole weight ever exists.
@@ -17,18 +20,22 @@ from the decoded scales and zeros (small models, symmetric or fp16-alpha exports
 
 from __future__ import annotations
 
+import dataclasses
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops import lane_kernels
 from mnngpu.backends.cpu.ops import linear_kernels as kernels
 from mnngpu.runtime import host_ops
 
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
 PREFILL_ROWS = 9        # from this many input rows on, dequantize + BLAS beats GEMVs sharing each weight span
+LANE_ROW_BLOCK = 128    # rows of x per lane kernel call: bounds the int16 x and a gated layer's gate and up
 # Weights below this run their GEMV on the calling thread: a launch costs ~2 us on numba's OpenMP
 # and TBB layers, ~140 us on its workqueue layer.
 PARALLEL_BYTES = {True: 1 << 16, False: 1 << 20}   # by backend.cheap_launches
@@ -41,17 +48,27 @@ class PackedLinear:
     ic: int
     block: int                 # inputs per (row, block) scale
     nibbles: bool              # codes hold two 4-bit values a byte, high nibble first
-    codes: np.ndarray | None   # uint8 [oc, ic//2] or [oc, ic]
-    alpha: np.ndarray | None   # float32 [oc, n_blocks, 2]: (min, scale)
+    codes: np.ndarray | None   # uint8 [oc, ic//2] or [oc, ic]; lanes: [groups, chunks, 512]
+    alpha: np.ndarray | None   # float32 [oc, n_blocks, 2]: (min, scale); lanes: [groups, n_blocks, 32]
     k: np.float32              # w = (code + k) * scale + min
     bias: np.ndarray           # float32 [oc], or empty
     dense: np.ndarray | None = None   # float32 [oc, ic] for unquantized weights
     in_place: bool = False     # codes and alpha are both views of the weight file
+    lanes: bool = False        # codes and alpha in lane_kernels' lane groups (int4, precision low)
 
 
-def pack_linear(weight, param=None) -> PackedLinear:
+def pack_linear(weight, param=None, lanes: bool = False) -> PackedLinear:
     """The CPU layout of a decoded QuantizedLinear (mnngpu.format.quant); `param` is the op's
-    Convolution2D, whose `external` offsets locate alpha in the file."""
+    Convolution2D, whose `external` offsets locate alpha in the file. `lanes`: int4 weights whose
+    blocks allow it go into lane groups, for the int16 kernels of precision low."""
+    packed = _file_layout(weight, param)
+    if not (lanes and packed.nibbles and lane_kernels.packable(packed.oc, packed.ic, packed.block)):
+        return packed
+    codes, alpha = lane_kernels.pack(packed.codes, packed.alpha, release=_release_file_pages)
+    return dataclasses.replace(packed, codes=codes, alpha=alpha, in_place=False, lanes=True)
+
+
+def _file_layout(weight, param) -> PackedLinear:
     bias = EMPTY if weight.bias is None else np.ascontiguousarray(weight.bias, dtype=np.float32)
     if not weight.is_quantized:
         return PackedLinear(weight.oc, weight.ic, weight.ic, False, None, None, np.float32(0), bias,
@@ -72,9 +89,7 @@ def _file_alpha(weight, param) -> np.ndarray | None:
     external = getattr(param, "external", None)
     if external is None or len(external) < 3 or external[2] != weight.oc * weight.n_blocks * 8:
         return None
-    source = weight.codes
-    while isinstance(source, np.ndarray):
-        source = source.base
+    source = _buffer_under(weight.codes)
     if source is None:
         return None
     try:
@@ -82,6 +97,27 @@ def _file_alpha(weight, param) -> np.ndarray | None:
     except (TypeError, ValueError):
         return None
     return pairs.reshape(weight.oc, weight.n_blocks, 2)
+
+
+def _buffer_under(array: np.ndarray):
+    """The buffer (an mmap of the weight file, bytes, ...) an array is a view of, or None."""
+    source = array
+    while isinstance(source, np.ndarray):
+        source = source.base
+    return source.obj if isinstance(source, memoryview) else source
+
+
+def _release_file_pages(view: np.ndarray) -> None:
+    """Drop the whole pages under a view of the memory-mapped weight file from this process's
+    resident memory once it has been repacked (they are read back from the file if touched)."""
+    mapping = _buffer_under(view)
+    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise"):
+        return
+    start = view.ctypes.data - np.frombuffer(mapping, dtype=np.uint8, count=1).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _code_offset(weight, raw: np.ndarray) -> np.float32 | None:
@@ -116,24 +152,42 @@ class CPULinear(CPUExecution):
         first = self.weights[0]
         self.rows = inputs[0].size // first.ic
         self.fused_gemv = all(w.codes is not None and w.nibbles == first.nibbles and w.block == first.block
-                              and w.ic == first.ic for w in self.weights)
+                              and w.ic == first.ic and w.lanes == first.lanes for w in self.weights)
 
     def bind(self):
         first = self.weights[0]
         self.x = self.value(self.inputs[0]).reshape(self.rows, first.ic)
         self.outs = [t.device.reshape(self.rows, -1) for t in self.outputs]
-        self.gemv_call = None
-        if self.fused_gemv and self.rows < PREFILL_ROWS:
-            quantized = (self.backend.quantize_activations and first.nibbles
-                         and first.block % kernels.QUANT_CHUNK == 0)
-            rows = self.rows
-            self.buffers = kernels.row_buffers(rows, first.ic, first.block, quantized)
-            # big matrices are split over the threads; small ones run faster without the hand-off
-            weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
-            parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches]
-            pair = self.gemv_kernels if rows == 1 else self.rows_kernels
-            self.gemv_call = self._gemv_args() if rows == 1 else self._rows_args()
-            self.kernel = jit.runnable(pair[0] if parallel else pair[1], self.gemv_call)
+        self.gemv_calls = []
+        if not self.fused_gemv or (self.rows >= PREFILL_ROWS and not first.lanes):
+            return
+        # big matrices are split over the threads; small ones run faster without the hand-off
+        weight_bytes = sum(w.codes.nbytes + w.alpha.nbytes for w in self.weights)
+        parallel = weight_bytes >= PARALLEL_BYTES[self.backend.cheap_launches] or self.rows >= PREFILL_ROWS
+        if first.lanes:
+            pair = self.lanes_kernels
+            self.gemv_calls = [self._lanes_call(slice(start, min(self.rows, start + LANE_ROW_BLOCK)))
+                               for start in range(0, self.rows, LANE_ROW_BLOCK)]
+        elif self.rows == 1:
+            pair = self.gemv_kernels
+            self.gemv_calls = [(*self._matrices(), self._spans(), self.x[0], first.nibbles, first.block,
+                                *(buffer[0] for buffer in kernels.row_buffers(1, first.ic, first.block)),
+                                *self._outputs_args(0))]
+        else:
+            pair = self.rows_kernels
+            self.gemv_calls = [(*self._matrices(), self._spans(), self.x, first.nibbles, first.block,
+                                *kernels.row_buffers(self.rows, first.ic, first.block),
+                                *self._outputs_args(slice(None)))]
+        self.kernel = jit.runnable(pair[0] if parallel else pair[1], self.gemv_calls[0])
+
+    def _lanes_call(self, rows: slice) -> tuple:
+        """The lane kernel's arguments for rows `rows` of x, its work arrays in the backend's
+        scratch, which every linear layer uses in turn (a prefill chunk's are megabytes)."""
+        first = self.weights[0]
+        layouts = lane_kernels.x_layouts(rows.stop - rows.start, first.ic, first.block)
+        buffers = tuple(self.backend.scratch(f"lanes_{name}", shape, dtype)
+                        for name, (shape, dtype) in zip(lane_kernels.X_BUFFERS, layouts))
+        return (*self._matrices(), self._spans(), self.x[rows], first.block, *buffers, *self._outputs_args(rows))
 
     def _matrices(self) -> tuple:
         return (tuple(w.codes for w in self.weights), tuple(w.alpha for w in self.weights),
@@ -142,28 +196,20 @@ class CPULinear(CPUExecution):
     def _spans(self) -> np.ndarray:
         return kernels.row_spans([w.oc for w in self.weights])
 
-    def _gemv_args(self) -> tuple:
-        first = self.weights[0]
-        return (*self._matrices(), self._spans(), self.x[0], first.nibbles, first.block,
-                *(buffer[0] for buffer in self.buffers), tuple(out[0] for out in self._gemv_outputs()))
-
-    def _rows_args(self) -> tuple:
-        first = self.weights[0]
-        return (*self._matrices(), self._spans(), self.x, first.nibbles, first.block, *self.buffers,
-                tuple(self._gemv_outputs()))
-
-    def _gemv_outputs(self) -> list:
-        """Where the GEMVs write: the op's outputs [rows, oc] (a GatedLinear's gate and up differ)."""
-        return self.outs
+    def _outputs_args(self, rows: int | slice) -> tuple:
+        """The GEMV kernel's output arguments for rows `rows` of x (one row: an int)."""
+        return (tuple(out[rows] for out in self.outs),)
 
     gemv_kernels = (kernels.gemv_group, kernels.gemv_group_serial)   # (parallel, serial)
     rows_kernels = (kernels.gemv_rows_group, kernels.gemv_rows_group_serial)
+    lanes_kernels = (lane_kernels.lanes_group, lane_kernels.lanes_group_serial)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
-        if self.gemv_call is None:
+        if not self.gemv_calls:
             self._prefill()
             return
-        self.kernel(*self.gemv_call)
+        for call in self.gemv_calls:
+            self.kernel(*call)
 
     def _prefill(self) -> None:
         threads = self.backend.workers.threads
@@ -196,7 +242,7 @@ class CPUConvolution(CPULinear):
         first = self.weights[0]
         self.x = np.empty((self.rows, first.ic), dtype=np.float32)
         self.outs = [np.empty((self.rows, first.oc), dtype=np.float32)]
-        self.gemv_call = None
+        self.gemv_calls = []
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         self.x[:] = host_ops.im2col(self.node, [self.value(self.inputs[0]).reshape(self.in_shape)]).T
@@ -211,20 +257,20 @@ class CPUGatedLinear(CPULinear):
 
     gemv_kernels = (kernels.gemv_gated, kernels.gemv_gated_serial)
     rows_kernels = (kernels.gemv_rows_gated, kernels.gemv_rows_gated_serial)
+    lanes_kernels = (lane_kernels.lanes_gated, lane_kernels.lanes_gated_serial)
 
     def bind(self):
         self.out = self.outputs[0].device.reshape(self.rows, -1)
         super().bind()
 
-    def _gemv_outputs(self) -> list:
-        """gate and up [rows, oc], from which the kernel writes up * silu(gate) into the output."""
-        return [np.empty((self.rows, self.weights[0].oc), dtype=np.float32) for _ in range(2)]
-
-    def _gemv_args(self) -> tuple:
-        return (*super()._gemv_args(), self.out[0])
-
-    def _rows_args(self) -> tuple:
-        return (*super()._rows_args(), self.out)
+    def _outputs_args(self, rows: int | slice) -> tuple:
+        """gate and up for rows `rows` in the backend's scratch, which the gated layers share, and
+        the output, which the kernel sets to up * silu(gate)."""
+        count = 1 if isinstance(rows, int) else len(range(*rows.indices(self.rows)))
+        gate, up = (self.backend.scratch(name, (count, self.weights[0].oc)) for name in ("gemv_gate", "gemv_up"))
+        if isinstance(rows, int):
+            gate, up = gate[0], up[0]
+        return (gate, up), self.out[rows]
 
     def _prefill(self) -> None:
         gate, up = self.weights
