@@ -143,22 +143,33 @@ def _prefetch_lines(builder, base, first: int, count: int) -> None:
         _prefetch_address(builder, builder.gep(base, [ir.Constant(_I64, first + line * CACHE_LINE)]))
 
 
+DOT_CHAINS = 8   # independent int32 accumulators over all the rows: a dot's latency is ~4 issues
+
+
 def _chunk_dots(builder, chunk_ptr, chunk, rows) -> list:
     """Each row's 16 int32 lane sums over one chunk: the group's 512 code bytes at chunk_ptr,
     step s holding in bytes 2l, 2l+1 of its 32 the codes of lane l's inputs 4s, 4s+1 (low
-    nibbles) and 4s+2, 4s+3 (high nibbles), so one load serves two dot steps of every row."""
-    sums = [ir.Constant(_V16I32, [0] * LANES) for _ in rows]
+    nibbles) and 4s+2, 4s+3 (high nibbles), so one load serves two dot steps of every row. A row's
+    dots go round-robin into several accumulators, added at the end: integer sums, so the result
+    is the same whatever the number of rows, and the dot instructions need not wait for each other."""
+    ways = max(2, DOT_CHAINS // len(rows))
+    sums = [[ir.Constant(_V16I32, [0] * LANES)] * ways for _ in rows]
     x_chunk = builder.mul(chunk, ir.Constant(_I64, 2 * QUANT_CHUNK))
     for step in range(GROUP_CHUNK_BYTES // STEP_BYTES):
         codes = builder.zext(_load(builder, chunk_ptr, STEP_BYTES * step, _V32I8), _V32I16)
         low = builder.bitcast(builder.and_(codes, ir.Constant(_V32I16, [15] * 32)), _V16I32)
         high = builder.bitcast(builder.lshr(codes, ir.Constant(_V32I16, [4] * 32)), _V16I32)
         for r, row in enumerate(rows):
-            x_step = builder.add(x_chunk, ir.Constant(_I64, 8 * step))
-            sums[r] = _lane_dot(builder, sums[r], low, _load(builder, row.xq, x_step, _I32))
-            sums[r] = _lane_dot(builder, sums[r], high,
-                                _load(builder, row.xq, builder.add(x_step, ir.Constant(_I64, 4)), _I32))
-    return sums
+            for half, words in enumerate((low, high)):
+                way = (2 * step + half) % ways
+                x_pair = _load(builder, row.xq, builder.add(x_chunk, ir.Constant(_I64, 8 * step + 4 * half)), _I32)
+                sums[r][way] = _lane_dot(builder, sums[r][way], words, x_pair)
+    totals = []
+    for partial in sums:
+        while len(partial) > 1:
+            partial = [builder.add(a, b) for a, b in zip(partial[::2], partial[1::2])] + partial[len(partial) // 2 * 2:]
+        totals.append(partial[0])
+    return totals
 
 
 def _scalar(builder, base, index):
