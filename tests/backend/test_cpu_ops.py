@@ -95,6 +95,18 @@ def test_linear_group_gives_each_members_output(rows, precision):
         close(got.reshape(rows, -1), cpu_linear(x.reshape(rows, 128), weight, dense, precision), 2e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 13])
+def test_a_group_mixing_int4_and_int8_at_precision_low_computes_each_members_weights(rows):
+    """The int4 member is in lane groups, the int8 one is not: the group takes the float path,
+    which unpacks the lane groups into the same weights."""
+    rng = np.random.default_rng(11 + rows)
+    layers = [quantized_linear(rng, 96, 128, 4, 64, bias=True), quantized_linear(rng, 32, 128, 8, 64, bias=True)]
+    x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
+    outs = OneOp(make_backend("low"), fused_linear(fusion.LINEAR_GROUP, [w for w, _ in layers]), [x])(x)
+    for got, (weight, dense) in zip(outs, layers):
+        close(got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias), 2e-6)
+
+
 @pytest.mark.parametrize("rows", [1, 4, 7, 9])
 @pytest.mark.parametrize("precision", ["high", "low"])
 def test_gated_linear_is_up_times_silu_gate(rows, precision):

@@ -310,6 +310,9 @@ def weight_tile(backend, w: PackedLinear, start: int, stop: int) -> np.ndarray:
     """float32 rows [start, stop) of w, in this thread's scratch tile (or a view of dense weights)."""
     if w.dense is not None:
         return w.dense[start:stop]
+    if w.lanes:   # in a fused group with a member of another layout (mixed bits): rare, numpy unpacks it
+        levels, low = lane_kernels.unpacked(w.codes, w.alpha, w.k, start, stop)
+        return levels + low
     tile = backend.scratch("weight_tile", (stop - start, w.ic))
     args = (w.codes, w.alpha, w.k, w.nibbles, w.block, start, tile)
     jit.runnable(kernels.dequantize_rows, args)(*args)
