@@ -3,8 +3,9 @@
     python benchmarks/gemv_speed.py [--threads 2] [--rows 1 4] [--precision low normal]
 
 Each shape is an int4 matrix, block 64, with random codes and (min, scale) pairs laid out as the
-weight file lays them, several copies of it so that every call reads from memory and not from
-cache. It prints the GB/s each kernel reads (codes + alpha bytes over the time of a call), for the
+weight file lays them (precision low: repacked into lane groups, as the CPU backend does at
+load; normal: the float GEMVs), several copies of it so that every call reads from memory and not
+from cache. It prints the GB/s each kernel reads (codes + alpha bytes over the time of a call), for the
 best call and for the mean of all calls, next to the machine's read bandwidth (machine.py), and
 the time per call in microseconds.
 """
