@@ -111,7 +111,7 @@ def _release_file_pages(view: np.ndarray) -> None:
     """Drop the whole pages under a view of the memory-mapped weight file from this process's
     resident memory once it has been repacked (they are read back from the file if touched)."""
     mapping = _buffer_under(view)
-    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise"):
+    if not isinstance(mapping, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):   # not on every OS
         return
     start = view.ctypes.data - np.frombuffer(mapping, dtype=np.uint8, count=1).ctypes.data
     first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
