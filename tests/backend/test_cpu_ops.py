@@ -4,12 +4,13 @@ they replace, and the buffer planner's sharing rules."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mnngpu.backend import BackendConfig, Node
+from mnngpu.backend import BackendConfig, Node, Tensor
 from mnngpu.backends.cpu import CPUBackend
 from mnngpu.backends.cpu.ops import matmul
 from mnngpu.format import params as P
@@ -355,3 +356,28 @@ def test_vectorizable_exp_matches_numpy():
     edges = np.array([-1000.0, -90.0, 90.0, 1000.0], dtype=np.float32)
     apply(edges, got[:4])
     assert got[0] < 1e-34 and got[1] < 1e-34 and np.isinf(got[2]) and np.isinf(got[3])
+
+
+def test_a_download_is_a_copy_that_later_downloads_never_overwrite_while_it_is_held():
+    backend = make_backend()
+    tensor = Tensor((1, 1000), np.float32, name="logits")
+    tensor.device = np.zeros((1, 1000), np.float32)
+
+    def run_step(value: float) -> np.ndarray:
+        tensor.device[...] = value   # the next run writes the same buffer
+        return backend.download(tensor)
+
+    held = run_step(1.0)
+    row = run_step(2.0)[0, 5:9]   # only a view of this one is kept
+    later = run_step(3.0)
+    np.testing.assert_array_equal(held, np.full((1, 1000), 1.0, np.float32))
+    np.testing.assert_array_equal(row, np.full(4, 2.0, np.float32))
+    np.testing.assert_array_equal(later, np.full((1, 1000), 3.0, np.float32))
+    assert not np.shares_memory(held, tensor.device) and not np.shares_memory(later, held)
+
+    last = weakref.ref(later)
+    del later
+    reused = run_step(4.0)   # nothing holds the last copy: its array takes this one
+    assert last() is reused
+    np.testing.assert_array_equal(reused, np.full((1, 1000), 4.0, np.float32))
+    np.testing.assert_array_equal(held, np.full((1, 1000), 1.0, np.float32))
