@@ -44,6 +44,7 @@ VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Ident
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.
 RECYCLED_DOWNLOAD_BYTES = 4 << 20
 RECYCLED_DOWNLOADS = 4
+SMALL_WEIGHT_BYTES = 1 << 16   # weights up to this size are copied out of the weight file at load
 
 
 def _owns_memory(array) -> bool:
@@ -55,6 +56,10 @@ def _owns_memory(array) -> bool:
             return False
         array = array.base
     return array is None or isinstance(array, bytes | bytearray)
+
+
+def _is_small_file_view(array) -> bool:
+    return isinstance(array, np.ndarray) and 0 < array.nbytes <= SMALL_WEIGHT_BYTES and not _owns_memory(array)
 
 
 class CPUBackend(Backend):
@@ -105,6 +110,13 @@ class CPUBackend(Backend):
             if self.weight_files is not None:
                 packed = self._mapped(packed)
             node.weights["packed"] = packed
+            return
+        # A norm's gamma read from the weight file each step keeps the file's page under it
+        # resident, and where the kernel maps the file in 2 MB pages that is 2 MB a norm (60 MB
+        # for a 24-layer model); the repacked matrices no longer hold those pages.
+        for name, array in node.weights.items():
+            if _is_small_file_view(array):
+                node.weights[name] = np.array(array)
 
     def _mapped(self, packed):
         """use_mmap: each array the packing made in memory (not a view of the weight file) moves

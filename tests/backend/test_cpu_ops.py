@@ -200,6 +200,27 @@ def test_precision_low_repacks_int4_into_lane_groups_and_releases_the_files_page
           2e-6)
 
 
+def test_a_norms_weights_are_copied_out_of_the_weight_file_at_load():
+    """Read from the file each step, a norm's gamma would keep the file's page under it resident
+    (a 2 MB page where the kernel maps files in large pages); the packed form is an equal copy."""
+    from mnngpu.format import read_net
+    from mnngpu.format.weights import WeightFile
+    from mnngpu.runtime.static_module import decode_weights
+    from tests.conftest import FIXTURES
+
+    folder = FIXTURES / "qwen2_int4_b64"
+    net = read_net(folder / "llm.mnn")
+    weights = WeightFile(folder / "llm.mnn.weight")
+    mapped = np.frombuffer(weights._map, dtype=np.uint8)
+    op = next(op for op in net.ops if op.type == "LayerNorm")
+    node = Node(op.type, op.name, op.param, decode_weights(op, weights))
+    gamma = np.array(node.weights["gamma"])
+    assert np.shares_memory(node.weights["gamma"], mapped)
+    make_backend("low").rearrange(node)
+    assert not any(np.shares_memory(array, mapped) for array in node.weights.values())
+    np.testing.assert_array_equal(node.weights["gamma"], gamma)
+
+
 # ---- norms, attention, elementwise ------------------------------------------------------------
 
 def attention_node(layer: int = 0) -> Node:
