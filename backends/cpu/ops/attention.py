@@ -21,7 +21,10 @@ from mnngpu.backends.cpu.ops import fastmath
 from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
-QUERY_BLOCK = 128   # query positions per prefill score tile
+# Query positions per prefill score tile: a tile's scores (32 queries x 7 heads of a KV head x
+# 512 keys) stay in a 1 MB L2 between the two multiplies and the softmax; 128 did not, and took
+# twice the time.
+QUERY_BLOCK = 32
 ROWS_KERNEL_MAX = 8  # up to this many query rows (decode, a verify block), attend_rows; more, BLAS
 
 
