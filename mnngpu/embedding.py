@@ -20,9 +20,12 @@ from mnngpu.format.weights import WeightFile
 
 
 class DiskEmbedding:
-    def __init__(self, hidden_size: int, embedding_path: Path, weight_path: Path, tie_embeddings=None):
+    def __init__(self, hidden_size: int, embedding_path: Path, weight_path: Path, tie_embeddings=None,
+                 tie_origin=None):
+        """`tie_origin`: the config file that holds tie_embeddings, named in its errors."""
         self.hidden = hidden_size
-        self.layout = QuantizedRows.from_tie_embeddings(tie_embeddings, hidden_size) if tie_embeddings else None
+        self.layout = (QuantizedRows.from_tie_embeddings(tie_embeddings, hidden_size, tie_origin)
+                       if tie_embeddings else None)
         if self.layout is None:
             self.path = Path(embedding_path)
             self._bf16 = self._map_bf16(self.path, hidden_size)

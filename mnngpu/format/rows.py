@@ -37,26 +37,28 @@ class QuantizedRows:
     alpha_fp16: bool = False
 
     @classmethod
-    def from_tie_embeddings(cls, value: Sequence[int] | dict, hidden_size: int) -> QuantizedRows:
-        """The layout from llm_config.json's `tie_embeddings` (list or dict form)."""
+    def from_tie_embeddings(cls, value: Sequence[int] | dict, hidden_size: int, origin=None) -> QuantizedRows:
+        """The layout from llm_config.json's `tie_embeddings` (list or dict form); `origin`: the
+        config file that holds it, named in errors."""
         if isinstance(value, dict):
             keys = ("weight_offset", "alpha_offset", "alpha_size", "quant_bit", "quant_block")
             missing = [k for k in keys if k not in value]
             if missing:
-                raise ConfigError(f"keys {missing} in the tie_embeddings object", field="tie_embeddings")
+                raise ConfigError(f"keys {missing} in the tie_embeddings object", path=origin,
+                                  field="tie_embeddings")
             fields = [int(value[k]) for k in keys] + [value.get("alpha_dtype", "fp32") == "fp16"]
         elif len(value) >= 5:
             fields = [int(v) for v in value[:5]] + [len(value) > 5 and bool(value[5])]
         else:
             raise ConfigError("a list [weight_offset, alpha_offset, alpha_size, quant_bit, quant_block]",
-                              field="tie_embeddings")
+                              path=origin, field="tie_embeddings")
         offset, alpha_offset, alpha_bytes, bits, block = fields[:5]
         if bits not in (1, 2, 3, 4, 5, 6, 7, 8, 16) or (hidden_size * bits) % 8:
             raise ConfigError(f"a bit width that packs hidden_size {hidden_size} into whole bytes, got {bits}",
-                              field="tie_embeddings")
+                              path=origin, field="tie_embeddings")
         if block and hidden_size % block:
             raise ConfigError(f"a block size dividing hidden_size {hidden_size}, got {block}",
-                              field="tie_embeddings")
+                              path=origin, field="tie_embeddings")
         return cls(offset, alpha_offset, alpha_bytes, bits, block, hidden_size, fields[5])
 
     @property

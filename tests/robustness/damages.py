@@ -240,7 +240,7 @@ def every_model_damages(model: str) -> list[Damage]:
                "config.json"),
         Damage("llm_model names a missing file", set_json("config.json", llm_model="nothing.mnn"),
                ModelFormatError, "load", "nothing.mnn"),
-        Damage("hidden_size disagrees with the weights", set_json("llm_config.json", hidden_size=64), ConfigError,
+        Damage("hidden_size disagrees with the weights", set_json("llm_config.json", hidden_size=96), ConfigError,
                "load", "llm_config.json"),
         Damage("layer_nums disagrees with the graph", set_json("llm_config.json", layer_nums=3), ConfigError,
                "load", "llm_config.json"),
