@@ -735,6 +735,14 @@ class LlmConfig:
         return self._file("eagle_model")
 
     @property
+    def eagle_fc_path(self) -> Path:
+        return self._file("eagle_fc")
+
+    @property
+    def eagle_d2t_path(self) -> Path:
+        return self._file("eagle_d2t")
+
+    @property
     def lookup_file_path(self) -> Path:
         return self._file("lookup_file")
 
@@ -759,6 +767,14 @@ class LlmConfig:
     @property
     def ngram_match_maxlen(self) -> int:
         return self.value("ngram_match_maxlen")
+
+    @property
+    def eagle_depth(self) -> int:
+        return self.value("eagle_depth")
+
+    @property
+    def eagle_topk(self) -> int:
+        return self.value("eagle_topk")
 
     def __repr__(self) -> str:
         return f"LlmConfig(base_dir={os.fspath(self._base_dir)!r}, model_type={self.model_type!r})"

@@ -94,7 +94,8 @@ KEYS: dict[str, Key] = {
     "prompt_cache": _warned("MNN's cross-turn prompt text cache (speed only)"),
     "timeout_ms": _warned("no generation time limit"),
     "async": _warned("MNN's asynchronous decode (speed only)"),
-    "hidden_states": _warned("no hidden_states output is returned"),
+    "hidden_states": _done("the graph's hidden_states output is computed where the generation strategy reads it "
+                           "(EAGLE, whatever this key says); forward() returns logits, as MNN's Python forward does"),
     "enable_debug": _warned("MNN's debug session mode"),
     # ---- runtime -----------------------------------------------------------------------------
     "backend_type": _done("cpu, opencl, vulkan or cuda"),
@@ -170,13 +171,16 @@ KEYS: dict[str, Key] = {
     **{key: _done("an older spelling the sampler falls back to, as MNN's")
        for key in ("topK", "topP", "minP", "tfsZ", "penalty")},
     # ---- speculative decoding ----------------------------------------------------------------
-    "speculative_type": _done("the generation strategy (mnngpu/generation): lookahead runs, with AR's tokens; "
-                              "mtp, eagle and dflash are a ConfigError at load saying what is missing"),
+    "speculative_type": _done("the generation strategy (mnngpu/generation): lookahead and eagle run, with AR's "
+                              "tokens; mtp and dflash are a ConfigError at load saying what is missing"),
     **{key: _done("lookahead's settings, as MNN's") for key in (
         "draft_predict_length", "draft_match_strictness", "draft_selection_rule", "ngram_match_maxlen",
         "ngram_update", "lookup_file")},
-    **{key: _inert(_SPECULATIVE + "; mtp and eagle are refused at load") for key in (
-        "draft_model", "mtp_model", "eagle_model", "eagle_fc", "eagle_d2t", "eagle_depth", "eagle_topk")},
+    **{key: _done("EAGLE's draft files and chain depth, as MNN's") for key in (
+        "eagle_model", "eagle_fc", "eagle_d2t", "eagle_depth")},
+    "eagle_topk": _done("1 (MNN's default) runs; above 1 a ConfigError at load with speculative_type eagle: "
+                        "a token tree's verify needs a tree attention mask, which mnngpu's Attention ops do not take"),
+    **{key: _inert(_SPECULATIVE + "; mtp is refused at load") for key in ("draft_model", "mtp_model")},
     **{key: _inert(_DFLASH) for key in (
         "dflash_model", "dflash_fc", "dflash_kvmat", "dflash_block_size", "dflash_mask_token_id",
         "dflash_shift_label", "dflash_target_layer_ids", "dflash_shared_lmhead_input")},

@@ -149,6 +149,7 @@ class Llm:
         self._lora_base: Llm | None = None   # create_lora(): the model whose weights this one shares
         self.prefix_cache: PrefixCache | None = None
         self._verified: list[int] = []   # the last verify block, until discard()
+        self._hidden_parts: list[np.ndarray] = []   # hidden_states rows of the last forward or verify
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
@@ -173,14 +174,15 @@ class Llm:
         self.runtime = RuntimeManager.from_config(cfg)
         self.prefix_cache = _open_prefix_cache(cfg)
         report("weights mapped", 0, 1)
-        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings)
+        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings,
+                                       cfg.origin("tie_embeddings"))
         report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
         self.attention_mask = _attention_mask(cfg)
         self.position_axes = position_axes(net)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
-        self.strategy = create_strategy(cfg, net.output_names)
+        self.strategy = create_strategy(cfg, net.output_names, self.embedding, self.runtime.placements)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True,
                                      base=self._base_module())
         report("weights packed", 0, 1)
@@ -303,10 +305,21 @@ class Llm:
         feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask,
                             self._positions(meta.kept, seq, rows)) | self._extra_feeds(rows)
         meta.add = seq
-        (logits,) = module.forward(feeds, ["logits"])
+        wanted = ["logits", "hidden_states"] if self.strategy.needs_hidden_states else ["logits"]
+        logits, *hidden = module.forward(feeds, wanted)
         meta.sync()
+        if hidden:
+            hidden = np.asarray(hidden[0], dtype=np.float32)
+            self._hidden_parts.append(hidden.reshape(-1, hidden.shape[-1])[:seq])
         logits = np.asarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
         return logits[:seq] if all_logits else logits[-1:]
+
+    def hidden_states(self) -> np.ndarray:
+        """The graph's hidden_states output [ids, width] for the ids of the last forward() or
+        verify(), where the generation strategy reads it (EAGLE); else empty."""
+        if not self._hidden_parts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.concatenate(self._hidden_parts, axis=0)
 
     def placement(self) -> PlacementTable:
         """Where every op runs, for the prefill and the decode module's shapes (decided, not resized)."""
@@ -349,6 +362,7 @@ class Llm:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
         self._require_loaded()
         ids = self._check_ids(ids)
+        self._hidden_parts = []
         all_logits = self.config.all_logits
         size = self._rows_per_run(len(ids))
         if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
@@ -413,6 +427,7 @@ class Llm:
         if len(ids) != self.pool.verify_length:
             raise InputError(f"a verify block is {self.pool.verify_length} ids (draft_predict_length + 1), "
                              f"got {len(ids)}", field="input_ids")
+        self._hidden_parts = []
         logits = self._run(ids, all_logits=True, verify=True)
         self._verified = ids
         self.context.all_seq_len = self.runtime.kv_meta.previous
@@ -488,7 +503,7 @@ class Llm:
         ctx.prefix_cached = reused
         ctx.gen_seq_len = 0
         steps = DecodeSteps(forward, sample, is_stop, history, on_new_token, verify, self.discard,
-                            self._room_left, self.tokenizer)
+                            self._room_left, self.tokenizer, self.hidden_states)
         result = self.strategy.generate(steps, prompt_ids[reused:], int(limit))
         out = result.tokens
         if out and not result.ended_on_stop_id and self._room_left():

@@ -15,7 +15,7 @@ import pytest
 
 from mnngpu.cli import build_parser, main
 from mnngpu.progress import LoadProgress, format_bar
-from tests.conftest import reference
+from tests.conftest import FIXTURES, reference
 from tests.reference_model import (
     CHAT_PROMPT,
     CHAT_QUESTION,
@@ -59,6 +59,22 @@ def test_run_with_lookahead_streams_the_same_greedy_reply(capsys):
     code, out, err = run_cli(capsys, "-p", prompt, "--no-template", "-n", "16", "--speculative", "lookahead")
     assert code == 0 and out == greedy_reply(prompt, 16)[1] + "\n"
     assert re.search(r"^lookahead: [0-9.]+ % of drafts accepted, [0-9.]+ tokens per decode forward$", err, re.MULTILINE)
+
+
+def test_run_with_the_folders_eagle_head_streams_mnns_greedy_reply(capsys):
+    """The eagle fixture's llm_config asks for speculative_type eagle: `run` uses it and says how it went."""
+    from tokenizers import Tokenizer
+
+    folder = FIXTURES / "qwen2_eagle3_int4"
+    prompt = reference(folder.name)[0]["prompts"][1]
+    ids = prompt["greedy"][:16]
+    assert min(ids) >= 3   # no special token (ids 0-2) in the reply
+    code = main(["run", str(folder), *CLI_ORACLE_FLAGS, "--sampler", "greedy", "-p", prompt["text"],
+                 "--no-template", "-n", "16"])
+    out, err = capsys.readouterr()
+    text = Tokenizer.from_file(str(folder / "hf" / "tokenizer.json")).decode(ids, skip_special_tokens=False)
+    assert code == 0 and out == text + "\n"
+    assert re.search(r"^eagle: [0-9.]+ % of drafts accepted, [0-9.]+ tokens per decode forward$", err, re.MULTILINE)
 
 
 def test_run_reads_config_overrides(capsys):

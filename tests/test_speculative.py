@@ -15,6 +15,8 @@ import pytest
 from mnngpu.config import LlmConfig
 from mnngpu.errors import ConfigError
 from mnngpu.generation.ar import ArGeneration
+from mnngpu.generation.eagle import EagleGeneration
+from mnngpu.generation.eagle_draft import _kept_prefix
 from mnngpu.generation.factory import create_strategy
 from mnngpu.generation.lookahead import LookaheadGeneration
 from mnngpu.generation.ngram import NgramTable
@@ -45,8 +47,13 @@ class ToyModel:
         if self.remove:
             del self.cache[-self.remove:]
             self.remove = 0
+        self.fed_positions = np.arange(len(self.cache), len(self.cache) + len(ids))
         self.cache.extend(ids)
         self.forwards += 1
+
+    def hidden(self) -> np.ndarray:
+        """A toy hidden_states output: each fed row's position in the sequence."""
+        return self.fed_positions[:, None].astype(np.float32)
 
     def _row(self, sequence: list[int]) -> np.ndarray:
         logits = np.zeros(VOCAB, dtype=np.float32)
@@ -75,7 +82,8 @@ class ToyModel:
             self.block = len(ids)
             return self.verify(ids)
 
-        return DecodeSteps(self.forward, sample, lambda t: t in stop, history, on_token, verify, self.discard)
+        return DecodeSteps(self.forward, sample, lambda t: t in stop, history, on_token, verify, self.discard,
+                           hidden=self.hidden)
 
 
 def ar_rollout(prompt: list[int], limit: int, stop: set[int]) -> list[int]:
@@ -192,6 +200,65 @@ def test_ngram_strictness_asks_for_a_share():
     assert table.draft([1], 1, "low") == [2]        # 2 of 4 followers
     assert table.draft([1], 1, "medium") == []      # needs 60 % at key length 1
     assert table.draft([1], 2, "medium") == []
+
+
+# ---- EAGLE ----------------------------------------------------------------------------------------
+
+class ScriptedDraft:
+    """A draft head that knows the toy model: it drafts the true continuation, spoiling one draft
+    of every other call, and records what it was given."""
+
+    def __init__(self, model: ToyModel):
+        self.model, self.calls = model, []
+
+    def reset(self) -> None:
+        self.calls = []
+
+    def propose(self, tokens: list[int], hidden: np.ndarray, count: int) -> list[int]:
+        self.calls.append((list(tokens), hidden[:, 0].astype(int).tolist()))
+        sequence = self.model.cache[: int(hidden[-1, 0]) + 1] + [tokens[-1]]
+        drafts = []
+        for _ in range(count):
+            drafts.append(next_token(sequence + drafts))
+        if len(self.calls) % 2 == 0:
+            spoiled = len(self.calls) % count
+            drafts[spoiled] = (drafts[spoiled] + 1) % 10
+        return drafts
+
+
+@pytest.mark.parametrize("draft_length", [1, 3, 5])
+@pytest.mark.parametrize("limit", [1, 2, 9, 60])
+def test_eagle_gives_ar_tokens_and_feeds_the_draft_each_kept_row_with_the_token_after_it(draft_length, limit):
+    model = ToyModel()
+    draft = ScriptedDraft(model)
+    strategy = EagleGeneration(draft_length, draft)
+    out = strategy.generate(model.steps(PROMPT, set()), PROMPT, limit)
+    assert out.tokens == ar_rollout(PROMPT, limit, set())
+    model._append([])
+    assert model.cache == PROMPT + out.tokens[:-1]
+    sequence = PROMPT + out.tokens
+    for tokens, positions in draft.calls:
+        assert [sequence[p + 1] for p in positions] == tokens
+    if limit >= 60:
+        assert strategy.stats.accepted > 0 and strategy.stats.decode_forwards < limit - 1
+        assert strategy.stats.drafted == draft_length * strategy.stats.decode_forwards
+
+
+@pytest.mark.parametrize("stop_token", [2, 5, 8])
+def test_eagle_stops_where_ar_does(stop_token):
+    model = ToyModel()
+    out = EagleGeneration(4, ScriptedDraft(model)).generate(model.steps(PROMPT[:-1], {stop_token}), PROMPT[:-1], 50)
+    assert out.tokens == ar_rollout(PROMPT[:-1], 50, {stop_token}) and out.ended_on_stop_id
+
+
+@pytest.mark.parametrize("cumulative, count, kept", [
+    ([-0.5, -1.0, -2.0], 3, 3), ([-0.5, -1.0, -2.0], 2, 2), ([-0.5, -1.0, -2.0], 0, 0),
+    ([0.0, 0.0, -1.0], 1, 1),     # a tie keeps the earlier node
+    ([-1.0, 0.5, 0.2], 2, 0),     # the first node dropped: nothing follows the chain
+    ([-1.0, -3.0, -2.0], 2, 1),   # scores may rise when they are not log-probabilities
+])
+def test_eagle_keeps_the_chain_prefix_mnns_token_tree_keeps(cumulative, count, kept):
+    assert _kept_prefix(cumulative, count) == kept
 
 
 # ---- the factory --------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
 from mnn_export import (
@@ -58,10 +60,16 @@ class FixtureSpec:
     tied: bool = False
     hf_overrides: dict = field(default_factory=dict)
     lora: bool = False               # also export lora.mnn from a random adapter (--lora_path --lora_split)
+    eagle: bool = False              # also export an EAGLE-3 draft head (--eagle_path): eagle*.mnn
 
 
 SPECS = [
     FixtureSpec("qwen2_int4_b64", "qwen2", ["--quant_bit", "4", "--quant_block", "64"]),
+    # the exporter taps the inputs of layers 2, n//2 and n-3 for EAGLE-3: 7 layers make them distinct
+    # (narrower layers keep the fixture small)
+    FixtureSpec("qwen2_eagle3_int4", "qwen2", ["--quant_bit", "4", "--quant_block", "64"], eagle=True,
+                hf_overrides={"num_hidden_layers": 7, "hidden_size": 64, "intermediate_size": 96,
+                              "num_attention_heads": 2, "num_key_value_heads": 1}),
     FixtureSpec("qwen3_int4_b64", "qwen3", ["--quant_bit", "4", "--quant_block", "64"], hf_overrides={"head_dim": 32}),
     FixtureSpec("llama_tied_int4", "llama", ["--quant_bit", "4", "--quant_block", "64"], tied=True),
     FixtureSpec("qwen2_int8_b0", "qwen2", ["--quant_bit", "8", "--quant_block", "0"]),
@@ -152,6 +160,114 @@ def build_lora_adapter(spec: FixtureSpec, adapter_dir: Path) -> None:
     (adapter_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
 
 
+EAGLE_DRAFT_VOCAB, EAGLE_FIT_STEPS = 128, 48
+EAGLE_FILES = ("eagle.mnn", "eagle.mnn.weight", "eagle_fc.mnn", "eagle_fc.mnn.weight", "eagle_d2t.mnn")
+# the fixture prompts and the repetitive text the speculative tests decode
+EAGLE_FIT_PROMPTS = PROMPTS + ["The river looks at a warm loaf of bread in the spring. " * 6]
+
+
+def _eagle_fit_data(export_dir: Path):
+    """What a draft head must guess, from mnngpu's greedy run of an export (which agrees with
+    MNN's): at each position from the last prompt token on, the hidden_states output (the inputs
+    of layers 2, n//2 and n-3, as llmexport taps them) and the token the model picks one position
+    later."""
+    sys.path.insert(0, str(REPO))
+    from mnngpu.llm import create, graph_feeds
+
+    llm = create(export_dir / "config.json")
+    llm.set_config({"speculative_type": "", "sampler_type": "greedy", "precision": "high"})
+    llm.load()
+    taps, targets = [], []
+    for text in EAGLE_FIT_PROMPTS:
+        llm.reset()
+        ids = llm.tokenizer_encode(text)
+        ids += llm.generate(ids, EAGLE_FIT_STEPS, stop_ids=())
+        llm.reset()
+        embeds = llm.embedding.rows(ids).reshape(len(ids), 1, -1)
+        llm.runtime.kv_meta.add = len(ids)
+        logits, hidden = llm.pool.select(len(ids), True).forward(
+            graph_feeds(embeds, 0, True, llm.attention_mask), ["logits", "hidden_states"])
+        llm.runtime.kv_meta.sync()
+        picked = np.asarray(logits).reshape(len(ids), -1).argmax(-1)
+        first = len(llm.tokenizer_encode(text)) - 1
+        taps.append(np.asarray(hidden).reshape(len(ids), -1)[first:-1])
+        targets.append(picked[first + 1:])
+    return np.concatenate(taps).astype(np.float64), np.concatenate(targets)
+
+
+def build_eagle_head(spec: FixtureSpec, tok, eagle_dir: Path, fit_from: Path | None = None) -> None:
+    """An EAGLE-3 draft head in the layout `llmexport --eagle_path` reads: one decoder layer with
+    small random weights (seeded). With `fit_from` (an export of the base model), its draft
+    vocabulary is the tokens the base model's greedy continuations of the test prompts use most
+    (d2t: draft id -> target id - draft id), and fc is a least-squares fit from the tapped hidden
+    states to the token the base model picks next, read back by lm_head: so on those prompts its
+    first draft is often right, as a trained head's is on text like its training data. Without
+    it, fc is zero (a first export, to compute the taps)."""
+    import torch
+    from safetensors.torch import save_file
+
+    shape = {**TINY_SHAPE, **spec.hf_overrides}
+    hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    head_dim = shape.get("head_dim", hidden // heads)
+    fc, lm_head = torch.zeros(hidden, 3 * hidden), torch.zeros(EAGLE_DRAFT_VOCAB, hidden)
+    draft_ids = list(range(EAGLE_DRAFT_VOCAB))
+    if fit_from is not None:
+        taps, targets = _eagle_fit_data(fit_from)
+        common = [int(t) for t, _ in Counter(targets.tolist()).most_common(EAGLE_DRAFT_VOCAB)]
+        draft_ids = sorted(common + sorted(set(range(tok.get_vocab_size())) - set(common))[
+            : EAGLE_DRAFT_VOCAB - len(common)])
+        one_hot = (targets[:, None] == np.array(draft_ids)[None]).astype(np.float64)
+        fit = np.linalg.lstsq(taps, one_hot, rcond=None)[0].T   # [draft vocab, 3 * hidden]
+        # lm_head @ fc = fit at the layer's width (RMSNorm between them only scales a row)
+        u, sigma, vt = np.linalg.svd(fit, full_matrices=False)
+        root = np.sqrt(sigma[:hidden])
+        head, reduce = u[:, :hidden] * root, root[:, None] * vt[:hidden]
+        reduce *= 5.0 / np.sqrt(np.mean((taps @ reduce.T) ** 2))   # well above the layer's own part
+        accuracy = float((np.array(draft_ids)[(taps @ reduce.T @ head.T).argmax(-1)] == targets).mean())
+        print(f"{spec.name}: the EAGLE head guesses the base model's next greedy token {accuracy:.0%} of the "
+              "time on the fitted positions (float64, before int4)")
+        fc[: len(reduce)], lm_head[:, : len(reduce)] = torch.from_numpy(reduce), torch.from_numpy(head)
+    generator = torch.Generator().manual_seed(11)
+
+    def small(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=generator) * 0.02
+
+    tensors = {
+        "fc.weight": fc,
+        "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "midlayer.input_layernorm.weight": torch.ones(hidden),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        "midlayer.self_attn.q_proj.weight": small(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": small(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": small(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": small(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": small(shape["intermediate_size"], hidden),
+        "midlayer.mlp.up_proj.weight": small(shape["intermediate_size"], hidden),
+        "midlayer.mlp.down_proj.weight": small(hidden, shape["intermediate_size"]),
+        "norm.weight": torch.ones(hidden),
+        "lm_head.weight": lm_head,
+        "d2t": torch.tensor(draft_ids, dtype=torch.int64) - torch.arange(EAGLE_DRAFT_VOCAB),
+    }
+    if eagle_dir.exists():
+        shutil.rmtree(eagle_dir)
+    eagle_dir.mkdir(parents=True)
+    save_file(tensors, str(eagle_dir / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": hidden,
+              "intermediate_size": shape["intermediate_size"], "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+              "vocab_size": tok.get_vocab_size(), "draft_vocab_size": EAGLE_DRAFT_VOCAB}
+    (eagle_dir / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def export_with_eagle_head(spec: FixtureSpec, tok, hf_dir: Path, out_dir: Path, eagle_dir: Path) -> None:
+    """Export with a zero head, fit the head on that export's greedy runs, export again."""
+    build_eagle_head(spec, tok, eagle_dir)
+    export_mnn(hf_dir, out_dir, *spec.export_args, "--eagle_path", str(eagle_dir))
+    build_eagle_head(spec, tok, eagle_dir, fit_from=out_dir)
+    shutil.rmtree(out_dir)
+    export_mnn(hf_dir, out_dir, *spec.export_args, "--eagle_path", str(eagle_dir))
+
+
 def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
     """Op counts of the main graph and of all its subgraphs (a MoE export's experts), by type."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,12 +300,17 @@ def make_fixture(spec: FixtureSpec) -> Path:
         if spec.lora:
             build_lora_adapter(spec, Path(tmp) / "adapter")
             extra = ["--lora_path", str(Path(tmp) / "adapter"), "--lora_split"]
-        export_mnn(hf_dir, out_dir, *spec.export_args, *extra)
+        if spec.eagle:
+            export_with_eagle_head(spec, tok, hf_dir, out_dir, Path(tmp) / "eagle")
+        else:
+            export_mnn(hf_dir, out_dir, *spec.export_args, *extra)
         copy_model_files(out_dir, dest)
         (dest / "hf").mkdir()
         for name in HF_FILES:
             if (hf_dir / name).exists():
                 shutil.copy2(hf_dir / name, dest / "hf" / name)
+        for name in EAGLE_FILES if spec.eagle else ():
+            shutil.copy2(out_dir / name, dest / name)
         if spec.lora:
             shutil.copy2(out_dir / "lora.mnn", dest / "lora.mnn")
             (dest / "hf" / "adapter").mkdir()

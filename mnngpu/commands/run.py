@@ -65,8 +65,8 @@ def run(args) -> int:
     generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)
     sys.stdout.write("\n")
     print_stats(model.context)
-    if args.speculative:
+    if model.strategy.name != "ar":   # --speculative, or the folder's speculative_type
         stats = model.strategy.stats
-        print(f"{args.speculative}: {100 * stats.acceptance_rate:.1f} % of drafts accepted, "
+        print(f"{model.strategy.name}: {100 * stats.acceptance_rate:.1f} % of drafts accepted, "
               f"{stats.tokens_per_forward:.2f} tokens per decode forward", file=sys.stderr)
     return 0

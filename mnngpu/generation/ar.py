@@ -8,6 +8,7 @@ from mnngpu.generation.steps import DecodeSteps, GenerationStats, Output
 class ArGeneration:
     name = "ar"
     verify_length = 0   # AR needs no verify module in the pool
+    needs_hidden_states = False
 
     def __init__(self) -> None:
         self.stats = GenerationStats()

@@ -1,10 +1,10 @@
 """The generation strategy named by `speculative_type` (MNN's GenerationStrategyFactory).
 
-"" is autoregressive decoding; "lookahead" runs on every model. "mtp", "eagle" and "dflash"
+"" is autoregressive decoding; "lookahead" runs on every model. "eagle", "mtp" and "dflash"
 need the draft modules MNN's exporter writes next to llm.mnn: a folder without them gets a
-one-line reason at load, and mnngpu does not run those drafts yet, so a folder with them gets
-a ConfigError too. "draftmodel" appears in MNN's config notes only; its engine has no such
-strategy.
+one-line reason at load. EAGLE runs with eagle_topk 1; mnngpu does not run mtp and dflash drafts
+yet, so a folder with them gets a ConfigError too. "draftmodel" appears in MNN's config notes
+only; its engine has no such strategy.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 from mnngpu.config import LlmConfig
 from mnngpu.errors import ConfigError
 from mnngpu.generation.ar import ArGeneration
+from mnngpu.generation.eagle import EagleGeneration
+from mnngpu.generation.eagle_draft import EagleDraft
 from mnngpu.generation.lookahead import LookaheadGeneration
 from mnngpu.generation.ngram import MAX_KEY_LEN
 
@@ -26,8 +28,10 @@ DRAFT_MODULES = {
 SPECULATIVE_CHOICES = ("lookahead", *DRAFT_MODULES)
 
 
-def create_strategy(config: LlmConfig, graph_outputs: list[str]):
-    """The strategy for this model, or a ConfigError saying in one line why it cannot run."""
+def create_strategy(config: LlmConfig, graph_outputs: list[str], embedding=None, placements=None):
+    """The strategy for this model, or a ConfigError saying in one line why it cannot run.
+    `embedding` (the base model's DiskEmbedding, which a draft head reads) and `placements` (the
+    base runtime's PlacementTable, which records the draft's ops too) serve a draft head."""
     kind = config.speculative_type
     if kind == "":
         return ArGeneration()
@@ -35,6 +39,8 @@ def create_strategy(config: LlmConfig, graph_outputs: list[str]):
         return _lookahead(config)
     if kind in DRAFT_MODULES:
         _check_draft_modules(config, kind, graph_outputs)
+        if kind == "eagle":
+            return _eagle(config, embedding, placements)
         raise ConfigError(f"'{kind}' drafts are not run by mnngpu yet (only lookahead); remove the key for "
                           "plain decoding", path=config.origin("speculative_type"), field="speculative_type")
     raise ConfigError(f"'{kind}' is not a strategy MNN's engine has; expected one of "
@@ -53,6 +59,14 @@ def _lookahead(config: LlmConfig) -> LookaheadGeneration:
     return LookaheadGeneration(config.draft_predict_length, max_len, config.value("draft_match_strictness"),
                                config.value("draft_selection_rule"), config.value("ngram_update"),
                                _lookup_file(config))
+
+
+def _eagle(config: LlmConfig, embedding, placements) -> EagleGeneration:
+    if config.eagle_topk != 1:
+        _fail(config, "eagle_topk", f"mnngpu runs EAGLE with eagle_topk 1 (a chain of drafts), got "
+                                    f"{config.eagle_topk}: a wider token tree needs a tree attention mask in the "
+                                    "verify forward, which mnngpu's Attention ops do not take")
+    return EagleGeneration(config.draft_predict_length, EagleDraft.load(config, embedding, placements))
 
 
 def _lookup_file(config: LlmConfig) -> Path | None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mnngpu.generation.ngram import NgramTable
-from mnngpu.generation.steps import DecodeSteps, GenerationStats, Output
+from mnngpu.generation.steps import DecodeSteps, GenerationStats, Output, verify_block
 
-PAD_ID = 0
 # After one of these pieces a match is often a coincidence, so the first draft token needs
 # the "high" share (MNN's list: ASCII and full-width punctuation).
 AMBIGUOUS_PIECES = frozenset({",", ".", ":", ";", "、", "，", "。", "：", "；"})
@@ -23,6 +22,7 @@ AMBIGUOUS_PIECES = frozenset({",", ".", ":", ";", "、", "，", "。", "：", "�
 
 class LookaheadGeneration:
     name = "lookahead"
+    needs_hidden_states = False
 
     def __init__(self, draft_length: int, max_key_len: int, strictness: str, rule: str, update: bool,
                  lookup_file: Path | None):
@@ -74,15 +74,8 @@ class LookaheadGeneration:
 
     def _verify_step(self, steps: DecodeSteps, out: Output, block: list[int]) -> bool:
         """One verify forward; returns whether the reply ended."""
-        block = block + [PAD_ID] * (self.verify_length - len(block))
-        rows = steps.verify(block)
-        for row in range(self.verify_length):
-            token = steps.sample(rows[row])
-            ended = out.take(token)
-            if ended or row + 1 == self.verify_length or token != block[row + 1]:
-                break
-        steps.discard(row + 1)
-        self.stats.decode_tokens += row + 1
+        ended, kept = verify_block(steps, out, block, self.verify_length)
+        self.stats.decode_tokens += kept
         self.stats.drafted += self.draft_length
-        self.stats.accepted += row
+        self.stats.accepted += kept - 1
         return ended

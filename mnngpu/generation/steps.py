@@ -23,6 +23,7 @@ class DecodeSteps:
     discard: Callable[[int], None] | None = None   # keep only the first n ids of the last verify in the cache
     fits: Callable[[int], bool] = lambda count: True   # whether n more ids fit in the cache's limit
     tokenizer: object | None = None   # encode()/decode(), for strategies that read text
+    hidden: Callable[[], np.ndarray] | None = None   # the last forward's or verify's hidden_states [ids, width]
 
 
 @dataclass
@@ -61,3 +62,23 @@ class Output:
         on_token = self.steps.on_token
         stop = bool(on_token(token)) if on_token is not None else False
         return stop or len(self.tokens) >= self.limit
+
+
+PAD_ID = 0   # fills a verify block up to the verify module's fixed size
+
+
+def verify_block(steps: DecodeSteps, out: Output, block: list[int], verify_length: int) -> tuple[bool, int]:
+    """One verify forward of `block` ([current token, drafts...]) padded with PAD_ID to
+    verify_length. The rows are sampled in order: row r's token is exactly what AR would sample
+    after the first r+1 ids, so while it equals block id r+1 the next row is valid too (a pad
+    included: it was fed). The cache keeps the rows up to the last one sampled. Returns whether
+    the reply ended and how many rows the cache keeps."""
+    block = block + [PAD_ID] * (verify_length - len(block))
+    rows = steps.verify(block)
+    for row in range(verify_length):
+        token = steps.sample(rows[row])
+        ended = out.take(token)
+        if ended or row + 1 == verify_length or token != block[row + 1]:
+            break
+    steps.discard(row + 1)
+    return ended, row + 1

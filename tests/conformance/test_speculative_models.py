@@ -83,16 +83,22 @@ def test_mnn_runtime_streams_the_same_lookahead_reply(tmp_path):
     ref, _ = reference(name)
     prompts = [ref["prompts"][0]["text"], REPEATS * 6]
     settings = {**LOOKAHEAD, "max_new_tokens": 40, "use_template": False}
+    replies = mnn_replies(name, prompts, settings, tmp_path)
+    model = load(name, "cpu", **settings)
+    for text, reply in zip(prompts, replies):
+        model.reset()
+        tokens = model.generate(model.tokenizer_encode(text))
+        assert b"".join(model.tokenizer.token_bytes(t) for t in tokens) == reply, text
+
+
+def mnn_replies(name: str, prompts: list[str], settings: dict, tmp_path: Path) -> list[bytes]:
+    """The bytes MNN's response() streams for each prompt on fixture `name` with `settings`."""
     out = tmp_path / "replies.json"
     oracle = Path(__file__).resolve().parents[1] / "mnn_oracle.py"
     # the wheel may crash on exit after writing its record; the record is what counts
     subprocess.run([sys.executable, str(oracle), str(FIXTURES / name), "--replies", "--prompts-json",
                     json.dumps(prompts), "--config-json", json.dumps(settings), "--json-out", str(out)],
                    check=False, capture_output=True, timeout=300)
-    replies = json.loads(out.read_text())["replies"]
-    assert len(replies) == len(prompts) and all(reply["reply_hex"] for reply in replies)
-    model = load(name, "cpu", **settings)
-    for text, reply in zip(prompts, replies):
-        model.reset()
-        tokens = model.generate(model.tokenizer_encode(text))
-        assert b"".join(model.tokenizer.token_bytes(t) for t in tokens) == bytes.fromhex(reply["reply_hex"]), text
+    replies = [bytes.fromhex(reply["reply_hex"]) for reply in json.loads(out.read_text())["replies"]]
+    assert len(replies) == len(prompts) and all(replies)
+    return replies

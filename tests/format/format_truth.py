@@ -119,8 +119,9 @@ def linears_per_layer(hf: dict) -> int:
 
 def hf_norm_name(op_name: str) -> str:
     """'/blocks.0/input_layernorm/Mul_1_output_0' -> 'model.layers.0.input_layernorm.weight';
-    the final norm's op is named after its output, 'hidden_states' -> 'model.norm.weight'."""
-    if op_name == "hidden_states":
+    the final norm's op is named after its output, 'hidden_states' -> 'model.norm.weight' (in an
+    EAGLE export, where hidden_states is another output, '/final_layernorm/...')."""
+    if op_name == "hidden_states" or op_name.startswith("/final_layernorm/"):
         return "model.norm.weight"
     parts = [p for p in op_name.split("/") if p][:-1]
     parts[0] = parts[0].replace("blocks.", "layers.")
