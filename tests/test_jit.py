@@ -33,12 +33,20 @@ class _Layer:
         self.codes = reference.pack_high_nibble_first(levels) if bits == 4 else levels
         self.alpha = np.ascontiguousarray(np.stack([zeros, scales], axis=-1))   # (min, scale), k = 0
         self.k = np.float32(0.0)
-        self.level_part = levels.astype(np.float64) * np.repeat(scales, block, 1)
-        self.zero_part = np.repeat(zeros, block, 1).astype(np.float64)
-        self.weights = self.level_part + self.zero_part
+        self.weights = self._parts(levels, scales, zeros, block)[0]
+        # precision low's lane groups keep (min, scale) in float16
+        _, self.level_part, self.zero_part = self._parts(levels, scales.astype(np.float16),
+                                                         zeros.astype(np.float16), block)
+
+    @staticmethod
+    def _parts(levels, scales, zeros, block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        level_part = levels.astype(np.float64) * np.repeat(scales.astype(np.float64), block, 1)
+        zero_part = np.repeat(zeros.astype(np.float64), block, 1)
+        return level_part + zero_part, level_part, zero_part
 
     def times(self, x: np.ndarray, quantized: bool) -> np.ndarray:
-        """x [..., ic] times the layer; quantized: as precision low's integer kernels compute it."""
+        """x [..., ic] times the layer; quantized: as precision low's integer kernels compute it
+        (x rounded per chunk to int16 steps, the alpha rounded to float16)."""
         if not quantized:
             return x @ self.weights.T
         rows = reference.integer_chunks(x.reshape(-1, x.shape[-1])).reshape(x.shape)

@@ -4,6 +4,7 @@ they replace, and the buffer planner's sharing rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from pathlib import Path
 
@@ -35,15 +36,27 @@ def make_backend(precision: str = "high", threads: int = 2) -> CPUBackend:
     return CPUBackend(BackendConfig(precision=precision, thread_num=threads), KVMeta())
 
 
-def cpu_linear(x: np.ndarray, weight: QuantizedLinear, dense: np.ndarray, precision: str) -> np.ndarray:
+def cpu_linear(x: np.ndarray, weight: QuantizedLinear, dense: np.ndarray, precision: str,
+               file_alpha: tuple[np.ndarray, float] | None = None) -> np.ndarray:
     """x [rows, ic] times the layer, as the CPU computes it. At precision low an int4 layer (blocks
     of whole int16 chunks; any number of rows) multiplies the weights' levels with x rounded to
-    int16 chunks, and their zero points with x itself."""
+    int16 chunks, and their zero points with x itself. `file_alpha`: (the weight file's (min, scale)
+    pairs, k), where the layer's alpha is the file's own."""
     integer = precision == "low" and weight.bits == 4 and weight.block_size % 64 == 0
     if not integer:
         return linear_reference(x, dense, weight.bias)
-    zeros = np.repeat(weight.zeros.astype(np.float64), weight.block_size, axis=1)
-    return linear_reference(reference.integer_chunks(x), dense - zeros, weight.bias) + x.astype(np.float64) @ zeros.T
+    levels, zeros = lane_weights(weight, *(file_alpha or ()))
+    return linear_reference(reference.integer_chunks(x), levels, weight.bias) + x.astype(np.float64) @ zeros.T
+
+
+def lane_weights(weight: QuantizedLinear, pairs: np.ndarray | None = None, k: float = 0.0):
+    """(codes * scale, k * scale + min) float64 [oc, ic] of an int4 layer as its lane groups hold
+    it, each block's (min, scale) in float16: the file's `pairs` [oc, blocks, (min, scale)] with
+    w = (code + k) * scale + min, or else the decoder's scales and zeros (k 0)."""
+    low, scale = (pairs[..., 0], pairs[..., 1]) if pairs is not None else (weight.zeros, weight.scales)
+    scale = np.repeat(scale.astype(np.float16).astype(np.float64), weight.block_size, axis=1)
+    low = np.repeat(low.astype(np.float16).astype(np.float64), weight.block_size, axis=1)
+    return weight.unpacked_codes().astype(np.float64) * scale, k * scale + low
 
 
 # ---- Convolution (linear), and its fused forms -----------------------------------------------
@@ -105,6 +118,8 @@ def test_a_group_mixing_int4_and_int8_at_precision_low_computes_each_members_wei
     x = rng.normal(0, 1, (rows, 128, 1, 1)).astype(np.float32)
     outs = OneOp(make_backend("low"), fused_linear(fusion.LINEAR_GROUP, [w for w, _ in layers]), [x])(x)
     for got, (weight, dense) in zip(outs, layers):
+        if weight.bits == 4:
+            dense = sum(lane_weights(weight))
         close(got.reshape(rows, -1), linear_reference(x.reshape(rows, 128), dense, weight.bias), 2e-6)
 
 
@@ -196,8 +211,19 @@ def test_precision_low_repacks_int4_into_lane_groups_and_releases_the_files_page
     assert before - _resident_kb(mapped.ctypes.data) >= whole_pages_kb > 0
     x = np.random.default_rng(8).normal(0, 1, (3, weight.ic, 1, 1)).astype(np.float32)
     got = run(make_backend("low"), Node("Convolution", op.name, op.param, {"weight": weight}), [x])
-    close(got.reshape(3, -1), cpu_linear(x.reshape(3, -1), weight, weight.dequantize().astype(np.float64), "low"),
-          2e-6)
+    pairs = matmul._file_alpha(weight, op.param)   # the file's (min, scale), as the layer reads them
+    file_alpha = (pairs, float(matmul._code_offset(weight, pairs)))
+    close(got.reshape(3, -1), cpu_linear(x.reshape(3, -1), weight, None, "low", file_alpha), 2e-6)
+
+
+def test_an_int4_layer_whose_alpha_float16_cannot_hold_keeps_the_float_path():
+    rng = np.random.default_rng(12)
+    weight, dense = quantized_linear(rng, 48, 128, 4, 64, bias=False)
+    weight = dataclasses.replace(weight, scales=weight.scales * np.float32(1e6), zeros=weight.zeros * np.float32(1e6))
+    assert not matmul.pack_linear(weight, None, lanes=True).lanes
+    x = rng.normal(0, 1, (1, 128, 1, 1)).astype(np.float32)
+    got = run(make_backend("low"), conv_node(weight), [x])
+    close(got.reshape(1, -1), linear_reference(x.reshape(1, 128), dense * 1e6, None), 2e-6)
 
 
 def test_a_norms_weights_are_copied_out_of_the_weight_file_at_load():

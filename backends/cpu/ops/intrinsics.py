@@ -47,14 +47,15 @@ _V16I32 = ir.VectorType(_I32, 16)
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _V16F32 = ir.VectorType(_F32, 16)
+_V16F16 = ir.VectorType(ir.HalfType(), 16)
 
 LANES = 16                  # output rows of a lane group: one int32 / float lane each
 QUANT_CHUNK = 64            # inputs per int16 step of x, and per group chunk of codes
 STEP_BYTES = 32             # codes of one dot step: 16 lanes x 2 bytes (4 inputs a lane)
 GROUP_CHUNK_BYTES = 512     # a group's codes for one chunk: 16 steps
-GROUP_BLOCK_FLOATS = 2 * LANES   # a group's alpha for one block: 16 mins, then 16 scales
+GROUP_BLOCK_BYTES = 4 * LANES   # a group's alpha for one block: 16 mins, then 16 scales, float16
 PREFETCH_BYTES = 2048       # how far ahead of the chunk being read the codes are prefetched
-ALPHA_PREFETCH_BYTES = 512  # ... and the group's alpha (a quarter of the codes' bytes)
+ALPHA_PREFETCH_BYTES = 256  # ... and the group's alpha (an eighth of the codes' bytes)
 CACHE_LINE = 64
 
 
@@ -185,10 +186,10 @@ def _group_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_poi
     rows = [_XRow(builder, pointers) for pointers in x_pointers]
     with cgutils.for_range(builder, blocks) as block_loop:
         b = block_loop.index
-        block_alpha = builder.gep(alpha_ptr, [builder.mul(b, ir.Constant(_I64, 4 * GROUP_BLOCK_FLOATS))])
-        _prefetch_lines(builder, block_alpha, ALPHA_PREFETCH_BYTES, 2)
-        mins = _load(builder, block_alpha, 0, _V16F32, align=4)
-        scales = _load(builder, block_alpha, 4 * LANES, _V16F32, align=4)
+        block_alpha = builder.gep(alpha_ptr, [builder.mul(b, ir.Constant(_I64, GROUP_BLOCK_BYTES))])
+        _prefetch_lines(builder, block_alpha, ALPHA_PREFETCH_BYTES, 1)
+        mins = builder.fpext(_load(builder, block_alpha, 0, _V16F16, align=2), _V16F32)
+        scales = builder.fpext(_load(builder, block_alpha, 2 * LANES, _V16F16, align=2), _V16F32)
         low = _vector_fma(builder, _splat(builder, k, _V16F32), scales, mins)
         for row in rows:
             xsum = _splat(builder, _scalar(builder, row.xsum, b), _V16F32)
@@ -232,7 +233,7 @@ def _group_intrinsic(count: int):
     """group{count}_u4_s16(codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out,
     column, valid): rows first..first+count-1 of x (xq int16 [rows, ic], xscale [rows, chunks],
     xsum [rows, blocks]) times lane group `group` of the matrix (codes uint8 [groups, chunks, 512],
-    alpha float32 [groups, blocks, 32]), its `valid` outputs stored at out[row, column:]."""
+    alpha float16 bits [groups, blocks, 32]), its `valid` outputs stored at out[row, column:]."""
 
     def group_u4_s16(typingctx, codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out, column,
                      valid):

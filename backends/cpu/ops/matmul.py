@@ -62,7 +62,7 @@ def pack_linear(weight, param=None, lanes: bool = False) -> PackedLinear:
     Convolution2D, whose `external` offsets locate alpha in the file. `lanes`: int4 weights whose
     blocks allow it go into lane groups, for the int16 kernels of precision low."""
     packed = _file_layout(weight, param)
-    if not (lanes and packed.nibbles and lane_kernels.packable(packed.oc, packed.ic, packed.block)):
+    if not (lanes and packed.nibbles and lane_kernels.packable(packed.oc, packed.ic, packed.block, packed.alpha)):
         return packed
     codes, alpha = lane_kernels.pack(packed.codes, packed.alpha, release=_release_file_pages)
     return dataclasses.replace(packed, codes=codes, alpha=alpha, in_place=False, lanes=True)
