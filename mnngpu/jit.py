@@ -26,6 +26,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from numba.core.errors import NumbaPerformanceWarning
 log = logging.getLogger("mnngpu.jit")
 
 ENV_SWITCH = "MNNGPU_BACKGROUND_COMPILE"
+BACKGROUND_LOCK = "background-compile.lock"
 
 
 def _user_cache_dir() -> Path:
@@ -311,13 +313,33 @@ def source_key(*modules) -> str:
 def _work() -> int:
     jobs: list[Job] = pickle.loads(sys.stdin.buffer.read())
     failed = 0
-    for job in jobs:
-        try:
-            job.run()
-        except Exception:  # noqa: BLE001 -- one failed job leaves the rest to run; the log says why
-            log.exception("background compile of %s.%s failed", job.module, job.name)
-            failed += 1
+    with _one_compile_at_a_time():
+        for job in jobs:
+            try:
+                job.run()
+            except Exception:  # noqa: BLE001 -- one failed job leaves the rest to run; the log says why
+                log.exception("background compile of %s.%s failed", job.module, job.name)
+                failed += 1
     return 1 if failed else 0
+
+
+@contextmanager
+def _one_compile_at_a_time():
+    """Background processes of one cache folder take turns. A run started while the first run's
+    compile still goes on starts its own for the same kernels; waiting, it then finds them in the
+    cache and only loads them, where compiling alongside would have slowed both runs."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: no lock, the processes compile side by side
+        yield
+        return
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / BACKGROUND_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 if __name__ == "__main__":
