@@ -13,7 +13,7 @@ import pytest
 
 from mnngpu.errors import ConfigError, ModelFormatError
 from tests.conformance.test_fixture_models import load
-from tests.conformance.test_speculative_models import GREEDY, REPEATS, mnn_replies, until_stop
+from tests.conformance.test_speculative_models import GREEDY, REPEATS, both_replies, until_stop
 from tests.conftest import FIXTURES, reference
 
 NAME = "qwen2_eagle3_int4"
@@ -115,13 +115,5 @@ def test_mnn_runtime_streams_the_same_eagle_reply(tmp_path):
     streams starts with exactly the bytes of mnngpu's EAGLE reply (MNN's last verify step may run
     a few tokens past max_new_tokens; skipped without the `mnn` wheel)."""
     pytest.importorskip("MNN.llm")
-    ref, _ = reference(NAME)
-    prompts = [ref["prompts"][0]["text"], REPEATS * 6]
-    settings = {**EAGLE, "max_new_tokens": 40, "use_template": False}
-    replies = mnn_replies(NAME, prompts, settings, tmp_path)
-    model = load(NAME, "cpu", **settings)
-    for text, reply in zip(prompts, replies):
-        model.reset()
-        tokens = model.generate(model.tokenizer_encode(text))
-        ours = b"".join(model.tokenizer.token_bytes(t) for t in tokens)
+    for text, reply, tokens, ours in both_replies(NAME, EAGLE, tmp_path):
         assert len(tokens) == 40 and reply.startswith(ours), text

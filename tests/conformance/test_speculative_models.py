@@ -79,16 +79,24 @@ def test_mnn_runtime_streams_the_same_lookahead_reply(tmp_path):
     """MNN's own engine with speculative_type lookahead on the same folder: response() streams
     exactly the bytes of mnngpu's lookahead tokens (skipped without the `mnn` wheel)."""
     pytest.importorskip("MNN.llm")
-    name = MODEL_NAMES[-1]
+    for text, reply, tokens, ours in both_replies(MODEL_NAMES[-1], LOOKAHEAD, tmp_path):
+        assert ours == reply, text
+
+
+def both_replies(name: str, strategy: dict, tmp_path: Path) -> list[tuple[str, bytes, list[int], bytes]]:
+    """(prompt, MNN's streamed bytes, mnngpu's tokens, their bytes) on fixture `name` with these
+    strategy settings, for its first prompt and a repetitive one, 40 new tokens, no template."""
     ref, _ = reference(name)
     prompts = [ref["prompts"][0]["text"], REPEATS * 6]
-    settings = {**LOOKAHEAD, "max_new_tokens": 40, "use_template": False}
+    settings = {**strategy, "max_new_tokens": 40, "use_template": False}
     replies = mnn_replies(name, prompts, settings, tmp_path)
     model = load(name, "cpu", **settings)
+    found = []
     for text, reply in zip(prompts, replies):
         model.reset()
         tokens = model.generate(model.tokenizer_encode(text))
-        assert b"".join(model.tokenizer.token_bytes(t) for t in tokens) == reply, text
+        found.append((text, reply, tokens, b"".join(model.tokenizer.token_bytes(t) for t in tokens)))
+    return found
 
 
 def mnn_replies(name: str, prompts: list[str], settings: dict, tmp_path: Path) -> list[bytes]:
