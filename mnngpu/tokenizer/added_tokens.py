@@ -39,3 +39,21 @@ def splittable(added_tokens: list[dict]) -> bool:
     """Whether TokenSplitter finds these tokens exactly as the library does."""
     plain = all(t["content"] and not (t["lstrip"] or t["rstrip"] or t["single_word"]) for t in added_tokens)
     return plain and len({t["content"] for t in added_tokens}) == len(added_tokens)
+
+
+def token_splitters(backend) -> tuple[TokenSplitter, TokenSplitter] | None:
+    """The library tokenizer's added tokens as two splitters: those found in the raw text, and
+    those found after normalizing (their strings normalized the same way). None where
+    TokenSplitter would not find them as the library does."""
+    added = [{"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+              "single_word": t.single_word, "normalized": t.normalized}
+             for i, t in backend.get_added_tokens_decoder().items()]
+    if not splittable(added):
+        return None
+    raw = {t["content"]: t["id"] for t in added if not t["normalized"]}
+    normalizer = backend.normalizer
+    normalized = {(normalizer.normalize_str(t["content"]) if normalizer else t["content"]): t["id"]
+                  for t in added if t["normalized"]}
+    if "" in normalized:
+        return None
+    return TokenSplitter(raw), TokenSplitter(normalized)

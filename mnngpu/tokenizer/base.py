@@ -10,6 +10,7 @@ from mnngpu.errors import InputError, TokenizerError
 from mnngpu.tokenizer.fast_encoder import FastEncoder
 from mnngpu.tokenizer.header import TokenizerHeader
 from mnngpu.tokenizer.stream import StreamDecoder
+from mnngpu.tokenizer.unigram_lattice import LatticeEncoder, UnigramLattice
 
 
 class Tokenizer:
@@ -19,9 +20,12 @@ class Tokenizer:
     `backend` is the HuggingFace tokenizer that computes the same ids as the file's source;
     the special tokens are in it as added tokens, so it splits them out before it normalizes.
     Where every stage of it has an exact stand-in, `FastEncoder` computes those ids faster.
+    A .mtok Unigram model comes with its `lattice`, which breaks exact score ties as MNN does
+    (unigram_lattice.py); the library then only splits the text into words.
     `token_bytes[id]` is the text each id stands for, as bytes (a byte-fallback id is one byte)."""
 
-    def __init__(self, path: Path, header: TokenizerHeader, backend: HfTokenizer, token_bytes: list[bytes]):
+    def __init__(self, path: Path, header: TokenizerHeader, backend: HfTokenizer, token_bytes: list[bytes],
+                 lattice: UnigramLattice | None = None):
         self.path = Path(path)
         self.format_type = header.type
         self.special_ids = list(header.special_ids)
@@ -29,7 +33,8 @@ class Tokenizer:
         self.prefix_ids = list(header.prefix_ids)
         self._backend = backend
         self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
-        self._fast_path = FastEncoder.for_backend(backend)
+        self._lattice_path = LatticeEncoder.for_backend(backend, lattice) if lattice else None
+        self._fast_path = FastEncoder.for_backend(backend) if self._lattice_path is None else None
         self._fast_path_compiled = self._fast_path.compiled_check(backend) if self._fast_path else None
         self._token_bytes = token_bytes
         self._ids_by_text: dict[str, int] | None = None
@@ -47,6 +52,11 @@ class Tokenizer:
             raise InputError(f"expected text (str), got {type(text).__name__}", field="prompt")
         if not text:
             return list(self.prefix_ids)
+        if self._lattice_path is not None:
+            try:
+                return self._lattice_path.encode(text, self.prefix_ids)
+            except UnicodeEncodeError as exc:
+                raise InputError(f"the text is not valid Unicode text ({exc})", field="prompt") from exc
         if self._fast_path is not None and self._fast_path_compiled():
             try:
                 return self._fast_path.encode(text, self.prefix_ids)

@@ -24,7 +24,9 @@ HASH_MULTIPLIER = 0x2545F4914F6CDD1D       # odd, below 2**63: int64 products wr
 
 
 @numba.njit(cache=True)
-def _pair_slot(keys, key) -> int:
+def int_slot(keys, key) -> int:
+    """The slot of `key` in an open-addressing table of int64 keys (-1 free): its own, or the free
+    one where it would go."""
     mask = len(keys) - 1
     slot = (key * HASH_MULTIPLIER) & mask
     while keys[slot] != -1 and keys[slot] != key:
@@ -36,7 +38,7 @@ def _pair_slot(keys, key) -> int:
 def _build_pair_table(lefts, rights, news, vocab_size, keys, ranks, new_ids) -> None:
     for rank in range(len(lefts)):
         key = lefts[rank] * vocab_size + rights[rank]
-        slot = _pair_slot(keys, key)
+        slot = int_slot(keys, key)
         keys[slot] = key
         ranks[slot] = rank
         new_ids[slot] = news[rank]
@@ -107,7 +109,7 @@ def _merge_all(sym, n, keys, ranks, new_ids, vocab_size, heap, nxt, prv, alive) 
     for p in range(n):
         nxt[p], prv[p], alive[p] = p + 1, p - 1, True
     for p in range(n - 1):
-        slot = _pair_slot(keys, sym[p] * vocab_size + sym[p + 1])
+        slot = int_slot(keys, sym[p] * vocab_size + sym[p + 1])
         if keys[slot] != -1:
             size = _heap_push(heap, size, (ranks[slot] << 32) | p)
     while size > 0:
@@ -117,7 +119,7 @@ def _merge_all(sym, n, keys, ranks, new_ids, vocab_size, heap, nxt, prv, alive) 
         right = nxt[pos]
         if not alive[pos] or right >= n:
             continue
-        slot = _pair_slot(keys, sym[pos] * vocab_size + sym[right])
+        slot = int_slot(keys, sym[pos] * vocab_size + sym[right])
         if keys[slot] == -1 or ranks[slot] != rank:
             continue                                   # an entry for a pair that has changed since
         sym[pos] = new_ids[slot]
@@ -126,11 +128,11 @@ def _merge_all(sym, n, keys, ranks, new_ids, vocab_size, heap, nxt, prv, alive) 
         if nxt[pos] < n:
             prv[nxt[pos]] = pos
         if prv[pos] >= 0:
-            slot = _pair_slot(keys, sym[prv[pos]] * vocab_size + sym[pos])
+            slot = int_slot(keys, sym[prv[pos]] * vocab_size + sym[pos])
             if keys[slot] != -1:
                 size = _heap_push(heap, size, (ranks[slot] << 32) | prv[pos])
         if nxt[pos] < n:
-            slot = _pair_slot(keys, sym[pos] * vocab_size + sym[nxt[pos]])
+            slot = int_slot(keys, sym[pos] * vocab_size + sym[nxt[pos]])
             if keys[slot] != -1:
                 size = _heap_push(heap, size, (ranks[slot] << 32) | pos)
     kept = 0

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from mnngpu import jit
 from mnngpu.tokenizer import bpe_model, code_point_table, normalize_steps, word_cache
 from mnngpu.tokenizer import split_scanners as scan
-from mnngpu.tokenizer.added_tokens import TokenSplitter, splittable
+from mnngpu.tokenizer.added_tokens import TokenSplitter, token_splitters
 from mnngpu.tokenizer.bpe_model import BpeWords
 from mnngpu.tokenizer.byte_level import BYTE_TO_CHAR
 from mnngpu.tokenizer.normalize_steps import Step, code_points, normalizer_steps
@@ -144,19 +144,11 @@ class FastEncoder:
             return None
         normalize = normalizer_steps(_component(backend.normalizer))
         pre = pre_tokenizer_steps(_component(backend.pre_tokenizer))
-        added = [{"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
-                  "single_word": t.single_word, "normalized": t.normalized}
-                 for i, t in backend.get_added_tokens_decoder().items()]
-        if normalize is None or pre is None or not splittable(added):
-            return None
-        raw = {t["content"]: t["id"] for t in added if not t["normalized"]}
-        normalizer = backend.normalizer
-        normalized = {(normalizer.normalize_str(t["content"]) if normalizer else t["content"]): t["id"]
-                      for t in added if t["normalized"]}
-        if "" in normalized:
+        splitters = token_splitters(backend)
+        if normalize is None or pre is None or splitters is None:
             return None
         steps, byte_level = pre
-        return cls(TokenSplitter(raw), TokenSplitter(normalized), normalize, steps, word_model(backend, byte_level))
+        return cls(*splitters, normalize, steps, word_model(backend, byte_level))
 
     def compiled_check(self, backend: HfTokenizer):
         """A check that is True once this path's numba kernels are in the cache (mnngpu/jit.py); until

@@ -22,6 +22,7 @@ from mnngpu.tokenizer.base import Tokenizer
 from mnngpu.tokenizer.binary_reader import BinaryReader
 from mnngpu.tokenizer.byte_level import CHAR_TO_BYTE
 from mnngpu.tokenizer.header import TokenizerHeader
+from mnngpu.tokenizer.unigram_lattice import UnigramLattice
 
 MARKER = "\u2581"
 SPLIT_BEHAVIORS = {0: "Isolated", 1: "Removed", 2: "MergedWithPrevious"}
@@ -40,6 +41,7 @@ class ModelPart:
     spec: dict
     id_to_token: dict[int, str] = field(default_factory=dict)
     byte_level_input: bool = False   # BPE over byte-level characters with no ByteLevel pre-tokenizer
+    lattice: UnigramLattice | None = None   # a Unigram model, searched with MNN's tie rule
 
 
 def read_norm_table(reader: BinaryReader) -> dict[int, str]:
@@ -156,8 +158,9 @@ def read_unigram(reader: BinaryReader, vocab_size: int) -> ModelPart:
     if sorted(entries) != list(range(len(entries))):
         raise reader.error("expected the Unigram ids to be 0..n-1")
     pieces = [entries[i] for i in range(len(entries))]
-    spec = tj.unigram_model(pieces, unk_id if unk_id < len(pieces) else None, bool(byte_fallback))
-    return ModelPart(spec, {i: t for i, (t, _) in entries.items()})
+    unk = unk_id if unk_id < len(pieces) else None
+    spec = tj.unigram_model(pieces, unk, bool(byte_fallback))
+    return ModelPart(spec, {i: t for i, (t, _) in entries.items()}, lattice=UnigramLattice(pieces, unk, bool(byte_fallback)))
 
 
 def read_model(reader: BinaryReader) -> ModelPart:
@@ -268,7 +271,7 @@ def load(path: Path, header: TokenizerHeader, data: bytes, body_offset: int) -> 
     added += [tj.added_token(i, table[i].decode("utf-8", "replace"))
               for i in header.special_ids if i not in known and 0 <= i < len(table) and table[i]]
     backend = tj.build(path, model.spec, normalizer, pre_tokenizer, added)
-    tokenizer = Tokenizer(path, header, backend, table)
+    tokenizer = Tokenizer(path, header, backend, table, model.lattice)
     tokenizer.chat_template = trailer["chat_template"]
     tokenizer.eos_token = trailer["eos_token"]
     tokenizer.bos_token = trailer["bos_token"]

@@ -23,6 +23,30 @@ def reference(name: str) -> dict:
 
 
 @lru_cache(maxsize=None)
+def unigram_pieces(name: str) -> list[tuple[str, float]] | None:
+    """The source tokenizer.json's Unigram (piece, score) list, or None for any other model."""
+    source = reference(name)["source"]
+    if source["library"] != "tokenizers":
+        return None
+    model = json.loads((FIXTURE_ROOT / name / source["file"]).read_text(encoding="utf-8"))["model"]
+    return [tuple(p) for p in model["vocab"]] if model["type"] == "Unigram" else None
+
+
+def encodes_as_source(name: str, ids: list[int], source_ids: list[int]) -> bool:
+    """ids are the source library's, or, for a Unigram model, the same text cut into pieces whose
+    scores sum to the same total: an exact tie, which a .mtok file breaks as MNN does and the
+    library another way (mnngpu/tokenizer/unigram_lattice.py)."""
+    if ids == source_ids:
+        return True
+    pieces = unigram_pieces(name)
+    if pieces is None or len(ids) == 0 or max(ids + source_ids) >= len(pieces):
+        return False
+    texts = [[pieces[i][0] for i in seq] for seq in (ids, source_ids)]
+    totals = [sum(pieces[i][1] for i in seq) for seq in (ids, source_ids)]
+    return "".join(texts[0]) == "".join(texts[1]) and abs(totals[0] - totals[1]) <= 1e-9 * abs(totals[1])
+
+
+@lru_cache(maxsize=None)
 def tokenizer(name: str) -> Tokenizer:
     return load_tokenizer(FIXTURE_ROOT / name, reference(name)["tokenizer_file"])
 
