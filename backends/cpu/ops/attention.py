@@ -197,7 +197,7 @@ def _weighted_values(weights, values, first, stop, acc):
         t += np.uint64(1)
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, **fastmath.VECTOR_DIVISION)
 def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
     """A few query rows (a decode step, a verify block) over the cached keys, heads over the threads.
     q, out [rows, heads, dim]: row r is position past + r and sees keys [_first_key, past + r].
@@ -227,7 +227,7 @@ def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, sc
             out[r, h] = acc
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
+@numba.njit(fastmath=True, cache=True, nogil=True, **fastmath.VECTOR_DIVISION)
 def causal_softmax(scores, rows_per_query, first_visible, window):
     """scores [queries*rows_per_query, total] in place; row r sees keys [lo, visible) with
     visible = first_visible + r // rows_per_query and lo = visible - window (0 with no window).

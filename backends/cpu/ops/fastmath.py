@@ -36,10 +36,16 @@ def exp(x):
     return y
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
+# numba's default error model checks every float division for zero, to raise ZeroDivisionError;
+# that branch keeps LLVM from vectorizing a loop with a division. numpy's model divides as IEEE does.
+VECTOR_DIVISION = {"error_model": "numpy"}
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True, **VECTOR_DIVISION)
 def silu_times(up, gate, out):
     """out = up * gate / (1 + exp(-gate)) over 1-D arrays, in two passes: in one loop LLVM
-    vectorizes neither the exp nor the division (measured 2.5x slower)."""
+    vectorizes neither the exp nor the division (measured 2.5x slower). 4864 values: 5.9 us with
+    the division checked for zero (VECTOR_DIVISION), 2.3 us without."""
     for i in range(out.size):
         out[i] = exp(-gate[i])
     for i in range(out.size):

@@ -40,6 +40,7 @@ from mnngpu.backends.cpu.ops.intrinsics import (
     group2_u4_s16,
     group3_u4_s16,
     group4_u4_s16,
+    rint,
 )
 from mnngpu.backends.cpu.ops.linear_kernels import mul_silu
 
@@ -153,18 +154,32 @@ def x_buffers(rows: int, ic: int, block: int) -> tuple:
     return tuple(np.empty(shape, dtype) for shape, dtype in x_layouts(rows, ic, block))
 
 
+ABS_BITS = np.uint32(0x7FFFFFFF)   # a float32's bits without its sign
+
+
 @numba.njit(inline="always", **_KERNEL)
 def _prepare_row(x, block, xq, xscale, xsum):
-    for b in range(xsum.size):
+    """x's block sums, and each chunk quantized to int16 with its step. The loops index with
+    unsigned integers, which lets LLVM vectorize them (signed indices carry numba's wraparound
+    check); the chunk's peak |x| is an integer max over the values' bits without their sign
+    (finite floats of one sign order as their bits), since a float max does not vectorize. A
+    4864-wide row: 5.3 -> 1.5 us."""
+    chunk = np.uint64(QUANT_CHUNK)
+    for b in range(np.uint64(xsum.size)):
         xsum[b] = x[b * block:(b + 1) * block].sum()
-    for c in range(xscale.size):
-        chunk = x[c * QUANT_CHUNK:(c + 1) * QUANT_CHUNK]
-        peak = np.abs(chunk).max()
+    bits, peaks = x.view(np.uint32), xscale.view(np.uint32)
+    for c in range(np.uint64(xscale.size)):
+        peak = np.uint32(0)
+        for j in range(c * chunk, c * chunk + chunk):
+            peak = max(peak, bits[j] & ABS_BITS)
+        peaks[c] = peak
+    for c in range(np.uint64(xscale.size)):
+        peak = xscale[c]
         step = peak / QUANT_LEVELS if peak > 0 else np.float32(1.0)
         xscale[c] = step
         inverse = np.float32(1.0) / step
-        for j in range(QUANT_CHUNK):
-            xq[c * QUANT_CHUNK + j] = np.int16(np.rint(chunk[j] * inverse))
+        for j in range(c * chunk, c * chunk + chunk):
+            xq[j] = np.int16(np.int32(rint(x[j] * inverse)))
 
 
 @numba.njit(inline="always", **_KERNEL)
