@@ -216,10 +216,14 @@ def test_silu_twins(kernel, shape):
 
 
 @pytest.mark.parametrize("rows", [1, 4])   # a decode step, a verify block
-@pytest.mark.parametrize("int8, window", [(False, 0), (True, 0), (False, 4), (True, 5)])
-def test_attend_rows_twin(int8, window, rows):
+@pytest.mark.parametrize("kernel, int8, window, dim", [
+    (attention.attend_rows, False, 0, 16), (attention.attend_rows, True, 0, 16),
+    (attention.attend_rows, False, 4, 16), (attention.attend_rows, True, 5, 16),
+    (attention.attend_rows_float, False, 0, 16), (attention.attend_rows_float, False, 4, 64),
+    (attention.attend_rows_float, False, 0, 128)])
+def test_attend_rows_twin(kernel, int8, window, dim, rows):
     rng = np.random.default_rng(RNG_SEED)
-    heads, kv_heads, dim, capacity, past = 4, 2, 16, 32, 10
+    heads, kv_heads, capacity, past = 4, 2, 32, 10
     q = rng.normal(size=(rows, heads, dim)).astype(np.float32)
     keys, values = (rng.normal(size=(kv_heads, capacity, dim)).astype(np.float32) for _ in range(2))
     scales = [np.ones((kv_heads, capacity), np.float32), np.ones((kv_heads, capacity), np.float32)]
@@ -232,7 +236,7 @@ def test_attend_rows_twin(int8, window, rows):
         return (q, keys, scales[0], values, scales[1], past, window, scale,
                 np.empty((rows, heads, past + rows), np.float32), np.empty((rows, heads, dim), np.float32))
 
-    (compiled, twin), = _both(attention.attend_rows, args, (9,))
+    (compiled, twin), = _both(kernel, args, (9,))
     # the reference's layout: (seq, heads, dim), the rows after `past` cached keys
     total = past + rows
     k = (keys[:, :total] * scales[0][:, :total, None]).transpose(1, 0, 2)
@@ -240,6 +244,29 @@ def test_attend_rows_twin(int8, window, rows):
     want = reference.causal_attention(q, k, v, past, float(scale), window)
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)
+
+
+@pytest.mark.parametrize("kernel", [attention.attend_rows, attention.attend_rows_float])
+def test_a_verify_row_of_attend_rows_is_its_decode_step_bit_for_bit(kernel):
+    """Speculative decoding keeps a verified token's row only if it is what a decode step at that
+    position computes: each of four rows equals the one-row call at its own position."""
+    rng = np.random.default_rng(RNG_SEED)
+    heads, kv_heads, dim, capacity, past = 4, 2, 64, 48, 13   # 14..17 keys: a key block (16) or not
+    q = rng.normal(size=(4, heads, dim)).astype(np.float32)
+    keys, values = (rng.normal(size=(kv_heads, capacity, dim)).astype(np.float32) for _ in range(2))
+    ones = np.ones((kv_heads, capacity), np.float32)
+    scale = np.float32(dim ** -0.5)
+
+    def run(rows: slice, first: int) -> np.ndarray:
+        count = rows.stop - rows.start
+        args = (np.ascontiguousarray(q[rows]), keys, ones, values, ones, first, 0, scale,
+                np.empty((count, heads, capacity), np.float32), np.empty((count, heads, dim), np.float32))
+        jit.runnable(kernel, args)(*args)
+        return args[9]
+
+    together = run(slice(0, 4), past)
+    for r in range(4):
+        np.testing.assert_array_equal(together[r], run(slice(r, r + 1), past + r)[0])
 
 
 @pytest.mark.parametrize("window", [0, 3])

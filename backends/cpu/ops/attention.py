@@ -18,6 +18,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.execution import CPUExecution
 from mnngpu.backends.cpu.ops import fastmath
+from mnngpu.backends.cpu.ops.intrinsics import ROW_CHUNK, key_scores, weighted_rows
 from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
@@ -197,6 +198,18 @@ def _weighted_values(weights, values, first, stop, acc):
         t += np.uint64(1)
 
 
+@numba.njit(inline="always", fastmath=True, cache=True, nogil=True)
+def _softmax_span(row_scores, best, first, stop):
+    """row_scores[first:stop] = their softmax, `best` their maximum."""
+    norm = np.float32(0.0)
+    for t in range(first, stop):
+        e = fastmath.exp(row_scores[t] - best)
+        row_scores[t] = e
+        norm += e
+    for t in range(first, stop):
+        row_scores[t] = row_scores[t] / norm
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, **fastmath.VECTOR_DIVISION)
 def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
     """A few query rows (a decode step, a verify block) over the cached keys, heads over the threads.
@@ -216,15 +229,31 @@ def attend_rows(q, keys, key_scale, values, value_scale, past, window, scale, sc
             first, stop = np.uint64(_first_key(past + r, window)), np.uint64(past + r + 1)
             row_scores = scores[r, h]
             best = _key_scores(q[r, h], head_keys, key_scales, scale, first, stop, row_scores)
-            norm = np.float32(0.0)
+            _softmax_span(row_scores, best, first, stop)
             for t in range(first, stop):
-                e = fastmath.exp(row_scores[t] - best)
-                row_scores[t] = e
-                norm += e
-            for t in range(first, stop):
-                row_scores[t] = row_scores[t] / norm * value_scales[t]
+                row_scores[t] *= value_scales[t]
             _weighted_values(row_scores, head_values, first, stop, acc)
             out[r, h] = acc
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, **fastmath.VECTOR_DIVISION)
+def attend_rows_float(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
+    """attend_rows for a float32 cache whose head width is a multiple of ROW_CHUNK (the scales
+    are ones and not read): the keys' dots and the weighted value rows in vector instructions
+    (intrinsics.key_scores, weighted_rows), where numba kept attend_rows' products scalar. 14
+    heads over 2 KV heads of width 64, one thread: 29 -> 20 us at 228 keys, 238 -> 180 us at 2001
+    (AMD EPYC). As there, a row's arithmetic does not depend on how many rows there are."""
+    rows, heads, _ = q.shape
+    group = heads // keys.shape[0]
+    for h in numba.prange(heads):
+        g = h // group
+        head_keys, head_values = keys[g], values[g]
+        for r in range(rows):
+            first, stop = np.uint64(_first_key(past + r, window)), np.uint64(past + r + 1)
+            row_scores = scores[r, h]
+            best = key_scores(q[r, h], head_keys, first, stop, scale, row_scores)
+            _softmax_span(row_scores, best, first, stop)
+            weighted_rows(row_scores, head_values, first, stop, out[r, h])
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True, **fastmath.VECTOR_DIVISION)
@@ -254,6 +283,7 @@ def causal_softmax(scores, rows_per_query, first_visible, window):
 
 
 @jit.twin_of(attend_rows)
+@jit.twin_of(attend_rows_float)
 def attend_rows_numpy(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
     group = q.shape[1] // keys.shape[0]
     for r in range(q.shape[0]):
@@ -337,7 +367,8 @@ class CPUAttention(CPUExecution):
             args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, self.scores,
                     self.out)
             if self.attend_rows is None:   # the same argument types every step
-                self.attend_rows = jit.runnable(attend_rows, args)
+                vector_rows = not cache.quantized and self.dim % ROW_CHUNK == 0
+                self.attend_rows = jit.runnable(attend_rows_float if vector_rows else attend_rows, args)
             self.attend_rows(*args)
         else:
             keys, values = cache.floats(past + self.seq)

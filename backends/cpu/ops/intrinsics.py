@@ -282,3 +282,189 @@ def _group_intrinsic(count: int):
 
 GROUP_ROWS = 4   # rows of x that share one unpacking of a group's codes (group4_u4_s16)
 group1_u4_s16, group2_u4_s16, group3_u4_s16, group4_u4_s16 = (_group_intrinsic(count) for count in range(1, 5))
+
+
+# ---- float32 rows for attention: a query's dot with each key, the weighted sum of value rows ------
+
+ROW_CHUNK = 16   # floats per vector: a head's width must be a multiple of it
+
+
+def _lane_sum(builder, vector):
+    """The sum of a float vector's lanes, halving it in a fixed order (the same bits every call)."""
+    while vector.type.count > 1:
+        half = vector.type.count // 2
+        mask = ir.VectorType(_I32, half)
+        low = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half))))
+        high = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half, 2 * half))))
+        vector = builder.fadd(low, high, flags=_EXACT)
+    return builder.extract_element(vector, ir.Constant(_I32, 0))
+
+
+def _float_rows(arrays) -> bool:
+    return all(isinstance(a, types.Array) and a.dtype == types.float32 for a in arrays)
+
+
+KEY_BLOCK = ROW_CHUNK   # keys scored together: their lane sums come out as one vector
+
+
+def _row(builder, base, stride, index):
+    return builder.gep(base, [builder.mul(index, stride)])
+
+
+def _blocks_and_rest(builder, first, stop, size: int):
+    count = builder.sub(stop, first)
+    blocks = builder.udiv(count, ir.Constant(_I64, size))
+    return blocks, builder.add(first, builder.mul(blocks, ir.Constant(_I64, size)))
+
+
+def _interleave_sums(builder, vectors):
+    """The lane sums of 16 vectors, lane j of the result vector j's: pairs of vectors are merged
+    halving each one's lanes (the halves added lane by lane), four times. Each vector's lanes are
+    added in _lane_sum's order, so a key scored in a block gets the bits it gets alone."""
+    width = ROW_CHUNK
+    while len(vectors) > 1:
+        half = width // 2
+        # in each vector, runs of `width` lanes belong to one key: add their halves, two vectors at a time
+        low = [i for start in range(0, 2 * ROW_CHUNK, width) for i in range(start, start + half)]
+        high = [i + half for i in low]
+        mask = ir.VectorType(_I32, ROW_CHUNK)
+        vectors = [builder.fadd(builder.shuffle_vector(a, b, ir.Constant(mask, low)),
+                                builder.shuffle_vector(a, b, ir.Constant(mask, high)), flags=_EXACT)
+                   for a, b in zip(vectors[::2], vectors[1::2])]
+        width = half
+    return vectors[0]
+
+
+def _array_parts(context, builder, array_type, array):
+    """(byte pointer to the data, the first dimension's stride in bytes, the last dimension's size)."""
+    ary = context.make_array(array_type)(context, builder, array)
+    strides = cgutils.unpack_tuple(builder, ary.strides, array_type.ndim)
+    shape = cgutils.unpack_tuple(builder, ary.shape, array_type.ndim)
+    return builder.bitcast(ary.data, _BYTE_PTR), strides[0], shape[-1]
+
+
+def _zero_vectors(builder, count):
+    return [cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * ROW_CHUNK)) for _ in range(count)]
+
+
+def _vector_max(builder, a, b):
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+@intrinsic
+def key_scores(typingctx, query, keys, first, stop, scale, out):
+    """out[t] = (query . keys[t]) * scale for first <= t < stop; returns their maximum. float32,
+    query [width], keys [rows, width], width a multiple of ROW_CHUNK. Each key's products go into
+    a vector accumulator, KEY_BLOCK keys at a time sharing each load of the query; the block's lane
+    sums then come out as one vector (_interleave_sums), cheaper than a sum per key. The keys past
+    the last whole block are summed one by one in the same order, so a key's score does not depend
+    on where `first` falls (a verify row computes its decode step's bits)."""
+    if not _float_rows((query, keys, out)) or not all(isinstance(a, types.Integer) for a in (first, stop)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        query_ptr, _, width = _array_parts(context, builder, signature.args[0], args[0])
+        key_ptr, key_stride, _ = _array_parts(context, builder, signature.args[1], args[1])
+        out_ptr = _data_pointer(context, builder, signature.args[5], args[5])
+        first_key, stop_key = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (2, 3))
+        scale_value = context.cast(builder, args[4], signature.args[4], types.float32)
+        chunks = builder.udiv(width, ir.Constant(_I64, ROW_CHUNK))
+        best = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [float("-inf")] * ROW_CHUNK))
+        accs = _zero_vectors(builder, KEY_BLOCK)
+
+        def products(t, count):
+            """accs[:count] = the products of keys t.. with the query, lane by lane."""
+            rows = [_row(builder, key_ptr, key_stride, builder.add(t, ir.Constant(_I64, j))) for j in range(count)]
+            for acc in accs[:count]:
+                builder.store(ir.Constant(_V16F32, [0.0] * ROW_CHUNK), acc)
+            with cgutils.for_range(builder, chunks) as chunk_loop:
+                offset = builder.mul(chunk_loop.index, ir.Constant(_I64, 4 * ROW_CHUNK))
+                q = _load(builder, query_ptr, offset, _V16F32, align=4)
+                for row, acc in zip(rows, accs):
+                    builder.store(_vector_fma(builder, q, _load(builder, row, offset, _V16F32, align=4),
+                                              builder.load(acc)), acc)
+
+        def out_at(t):
+            return builder.gep(out_ptr, [builder.mul(t, ir.Constant(_I64, 4))])
+
+        blocks, rest = _blocks_and_rest(builder, first_key, stop_key, KEY_BLOCK)
+        with cgutils.for_range(builder, blocks) as block_loop:
+            t = builder.add(first_key, builder.mul(block_loop.index, ir.Constant(_I64, KEY_BLOCK)))
+            products(t, KEY_BLOCK)
+            sums = _interleave_sums(builder, [builder.load(acc) for acc in accs])
+            scores = builder.fmul(sums, _splat(builder, scale_value, _V16F32), flags=_EXACT)
+            builder.store(scores, builder.bitcast(out_at(t), _V16F32.as_pointer()), align=4)
+            builder.store(_vector_max(builder, scores, builder.load(best)), best)
+        single = cgutils.alloca_once_value(builder, ir.Constant(_F32, float("-inf")))
+        with cgutils.for_range(builder, builder.sub(stop_key, rest)) as tail_loop:
+            t = builder.add(rest, tail_loop.index)
+            products(t, 1)
+            score = builder.fmul(_lane_sum(builder, builder.load(accs[0])), scale_value, flags=_EXACT)
+            builder.store(score, builder.bitcast(out_at(t), _F32.as_pointer()))
+            builder.store(_vector_max(builder, score, builder.load(single)), single)
+        lanes = builder.load(best)
+        block_best = lanes
+        while block_best.type.count > 1:
+            half = block_best.type.count // 2
+            mask = ir.VectorType(_I32, half)
+            block_best = _vector_max(builder,
+                                     builder.shuffle_vector(block_best, block_best, ir.Constant(mask, list(range(half)))),
+                                     builder.shuffle_vector(block_best, block_best,
+                                                            ir.Constant(mask, list(range(half, 2 * half)))))
+        return _vector_max(builder, builder.extract_element(block_best, ir.Constant(_I32, 0)), builder.load(single))
+
+    return types.float32(query, keys, first, stop, scale, out), codegen
+
+
+VALUE_GROUP = 4   # chunks of a value row summed together: 64 floats, one row read at a time
+
+
+@intrinsic
+def weighted_rows(typingctx, weights, values, first, stop, out):
+    """out[:] = sum over first <= t < stop of weights[t] * values[t]: float32, values [rows, width]
+    and out [width], width a multiple of ROW_CHUNK. VALUE_GROUP chunks of the width at a time, each
+    row's chunks go into their own vector accumulators, the rows alternating between two sets
+    (row t into set (t - first) mod 2, so the sums do not depend on the other rows); the chunks
+    left over past whole groups go one at a time."""
+    if not _float_rows((weights, values, out)) or not all(isinstance(a, types.Integer) for a in (first, stop)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        weight_ptr = _data_pointer(context, builder, signature.args[0], args[0])
+        values_ptr, row_stride, _ = _array_parts(context, builder, signature.args[1], args[1])
+        out_ptr, _, width = _array_parts(context, builder, signature.args[4], args[4])
+        first_row, stop_row = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (2, 3))
+        pairs, odd_row = _blocks_and_rest(builder, first_row, stop_row, 2)
+        chunks = builder.udiv(width, ir.Constant(_I64, ROW_CHUNK))
+        groups = builder.udiv(chunks, ir.Constant(_I64, VALUE_GROUP))
+
+        def sum_rows(first_chunk, count):
+            sets = [_zero_vectors(builder, count), _zero_vectors(builder, count)]
+            offsets = [builder.mul(builder.add(first_chunk, ir.Constant(_I64, j)), ir.Constant(_I64, 4 * ROW_CHUNK))
+                       for j in range(count)]
+
+            def add_row(t, accs):
+                weight = _splat(builder, _scalar(builder, weight_ptr, t), _V16F32)
+                row = _row(builder, values_ptr, row_stride, t)
+                for acc, offset in zip(accs, offsets):
+                    value = _load(builder, row, offset, _V16F32, align=4)
+                    builder.store(_vector_fma(builder, weight, value, builder.load(acc)), acc)
+
+            with cgutils.for_range(builder, pairs) as pair_loop:
+                t = builder.add(first_row, builder.mul(pair_loop.index, ir.Constant(_I64, 2)))
+                add_row(t, sets[0])
+                add_row(builder.add(t, ir.Constant(_I64, 1)), sets[1])
+            with cgutils.for_range(builder, builder.sub(stop_row, odd_row)) as last:
+                add_row(builder.add(odd_row, last.index), sets[0])
+            for even, odd, offset in zip(*sets, offsets):
+                total = builder.fadd(builder.load(even), builder.load(odd), flags=_EXACT)
+                builder.store(total, builder.bitcast(builder.gep(out_ptr, [offset]), _V16F32.as_pointer()), align=4)
+
+        with cgutils.for_range(builder, groups) as group_loop:
+            sum_rows(builder.mul(group_loop.index, ir.Constant(_I64, VALUE_GROUP)), VALUE_GROUP)
+        done = builder.mul(groups, ir.Constant(_I64, VALUE_GROUP))
+        with cgutils.for_range(builder, builder.sub(chunks, done)) as chunk_loop:
+            sum_rows(builder.add(done, chunk_loop.index), 1)
+        return context.get_dummy_value()
+
+    return types.void(weights, values, first, stop, out), codegen
