@@ -160,7 +160,9 @@ class WordCache:
 
     def _store_new_words(self, first: int, model) -> None:
         new = self._entries[first:self._n_entries]
-        lengths, flat = model(self._cp_pool, new[:, CP_START:CP_LEN + 1])
+        # a copy: the slice of one row is C-contiguous and of several is not, and numba compiles
+        # the model's kernel once per layout (a second compile, seconds, in the run after the first)
+        lengths, flat = model(self._cp_pool, np.ascontiguousarray(new[:, CP_START:CP_LEN + 1]))
         self._id_pool = _grown(self._id_pool, self._id_used + len(flat))
         self._id_pool[self._id_used:self._id_used + len(flat)] = flat
         new[:, ID_START] = self._id_used + np.cumsum(lengths) - lengths

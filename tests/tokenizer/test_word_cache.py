@@ -52,6 +52,22 @@ def test_each_distinct_word_is_asked_once_through_many_table_growths():
     assert len(model.asked) == len(set(words) | set(more))
 
 
+def test_the_model_gets_its_spans_in_one_layout_for_one_new_word_or_many():
+    """numba compiles a kernel once per array layout: a one-row slice is C-contiguous and a longer
+    one is not, so the model (our numba BPE) would compile a second time in the run after the first."""
+    layouts = []
+
+    class LayoutModel(CountingModel):
+        def __call__(self, cp_pool, spans):
+            layouts.append(spans.flags.c_contiguous)
+            return super().__call__(cp_pool, spans)
+
+    cache, model = WordCache(), LayoutModel()
+    assert cached_ids(cache, model, ["one"]) == spelled(["one"])
+    assert cached_ids(cache, model, ["two", "three", "four"]) == spelled(["two", "three", "four"])
+    assert layouts == [True, True]
+
+
 def test_a_full_cache_starts_afresh_and_still_gives_the_right_ids(monkeypatch):
     monkeypatch.setattr(word_cache, "MAX_CACHED_WORDS", 100)
     cache, model = WordCache(), CountingModel()
