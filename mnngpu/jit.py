@@ -58,6 +58,9 @@ def _shared_sources_digest() -> str:
             for source in sorted(ops.glob("*.py")):
                 digest.update(source.name.encode() + source.read_bytes())
             break
+    # the tokenizer's hash-table probe (bpe_model.int_slot), which unigram_lattice's kernels call too
+    shared = here / "tokenizer" / "bpe_model.py"
+    digest.update(shared.name.encode() + shared.read_bytes())
     return digest.hexdigest()[:12]
 
 
