@@ -10,6 +10,7 @@ same way) are found in it. lstrip, rstrip and single_word are not done here.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 
 
 class TokenSplitter:
@@ -57,3 +58,14 @@ def token_splitters(backend) -> tuple[TokenSplitter, TokenSplitter] | None:
     if "" in normalized:
         return None
     return TokenSplitter(raw), TokenSplitter(normalized)
+
+
+def split_out(text: str, raw_tokens: TokenSplitter, normalized_tokens: TokenSplitter,
+              normalize: Callable[[str], str]) -> Iterator[int | str]:
+    """In the library's order: the raw text's tokens, each piece between them normalized, then
+    the normalized tokens found in it. Yields the tokens' ids and the normalized text between them."""
+    for piece in raw_tokens.split(text):
+        if isinstance(piece, int):
+            yield piece
+        else:
+            yield from normalized_tokens.split(normalize(piece))

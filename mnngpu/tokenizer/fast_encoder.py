@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from mnngpu import jit
 from mnngpu.tokenizer import bpe_model, code_point_table, normalize_steps, word_cache
 from mnngpu.tokenizer import split_scanners as scan
-from mnngpu.tokenizer.added_tokens import TokenSplitter, token_splitters
+from mnngpu.tokenizer.added_tokens import TokenSplitter, split_out, token_splitters
 from mnngpu.tokenizer.bpe_model import BpeWords
 from mnngpu.tokenizer.byte_level import BYTE_TO_CHAR
 from mnngpu.tokenizer.normalize_steps import Step, code_points, normalizer_steps
@@ -161,15 +161,14 @@ class FastEncoder:
         """prefix_ids, then the ids of text."""
         with self._lock:
             parts = [np.array(prefix_ids, np.int64)]
-            for piece in self._raw_tokens.split(text):
-                if isinstance(piece, int):
-                    parts.append(np.array([piece], np.int64))
-                    continue
-                for step in self._normalize:
-                    piece = step(piece)
-                for inner in self._normalized_tokens.split(piece):
-                    parts.append(np.array([inner], np.int64) if isinstance(inner, int) else self._encode_words(inner))
+            for piece in split_out(text, self._raw_tokens, self._normalized_tokens, self._normalized):
+                parts.append(np.array([piece], np.int64) if isinstance(piece, int) else self._encode_words(piece))
             return np.concatenate(parts).tolist()
+
+    def _normalized(self, text: str) -> str:
+        for step in self._normalize:
+            text = step(text)
+        return text
 
     def _encode_words(self, text: str) -> np.ndarray:
         cps = code_points(text)

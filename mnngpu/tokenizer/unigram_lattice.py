@@ -21,11 +21,10 @@ import numba
 import numpy as np
 
 from mnngpu import jit
-from mnngpu.tokenizer.added_tokens import TokenSplitter, token_splitters
-from mnngpu.tokenizer.bpe_model import int_slot
+from mnngpu.tokenizer.added_tokens import TokenSplitter, split_out, token_splitters
+from mnngpu.tokenizer.bpe_model import NO_ID, int_slot
 
 DEFAULT_UNK_SCORE = -10.0   # MNN's unk score when the unk id lies outside the vocab
-NO_ID = -1
 
 
 class UnigramLattice:
@@ -45,6 +44,7 @@ class UnigramLattice:
         jit.runnable(build_trie, args)(*args)
         self._unk = unk_id if unk_id is not None and unk_id < len(pieces) else NO_ID
         self._scores = np.array([score for _, score in pieces], np.float64)
+        self._unk_score = self._scores[self._unk] if self._unk != NO_ID else DEFAULT_UNK_SCORE
         self._byte_ids = np.full(256, NO_ID, np.int64)
         if byte_fallback:
             vocab = {text: i for i, text in reversed(list(enumerate(encoded)))}
@@ -54,8 +54,7 @@ class UnigramLattice:
         data = np.frombuffer(word.encode("utf-8"), np.uint8)
         work = (np.empty(len(data) + 1, np.float64), np.empty(len(data) + 1, np.int64),
                 np.empty(len(data) + 1, np.int64), np.empty(len(data), np.int64))
-        unk_score = self._scores[self._unk] if self._unk != NO_ID else DEFAULT_UNK_SCORE
-        args = (data, self._keys, self._children, self._node_ids, self._scores, self._unk, unk_score,
+        args = (data, self._keys, self._children, self._node_ids, self._scores, self._unk, self._unk_score,
                 self._byte_ids, *work)
         count = jit.runnable(segment, args)(*args)
         return work[-1][:count].tolist()
@@ -146,7 +145,7 @@ class LatticeEncoder:
     def __init__(self, raw_tokens: TokenSplitter, normalized_tokens: TokenSplitter, backend, lattice: UnigramLattice):
         self._raw_tokens = raw_tokens
         self._normalized_tokens = normalized_tokens
-        self._normalizer = backend.normalizer
+        self._normalize = backend.normalizer.normalize_str if backend.normalizer else (lambda text: text)
         self._pre_tokenizer = backend.pre_tokenizer
         self._lattice = lattice
 
@@ -162,14 +161,8 @@ class LatticeEncoder:
 
     def encode(self, text: str, prefix_ids: list[int] = ()) -> list[int]:
         ids = list(prefix_ids)
-        for piece in self._raw_tokens.split(text):
-            if isinstance(piece, int):
-                ids.append(piece)
-                continue
-            if self._normalizer is not None:
-                piece = self._normalizer.normalize_str(piece)
-            for inner in self._normalized_tokens.split(piece):
-                ids.extend([inner] if isinstance(inner, int) else self._words(inner))
+        for piece in split_out(text, self._raw_tokens, self._normalized_tokens, self._normalize):
+            ids.extend([piece] if isinstance(piece, int) else self._words(piece))
         return ids
 
     def _words(self, text: str) -> list[int]:

@@ -64,6 +64,7 @@ _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _V16F32 = ir.VectorType(_F32, 16)
 _V16F16 = ir.VectorType(ir.HalfType(), 16)
+_ZEROS16 = ir.Constant(_V16F32, [0.0] * 16)
 
 LANES = 16                  # output rows of a lane group: one int32 / float lane each
 QUANT_CHUNK = 64            # inputs per int16 step of x, and per group chunk of codes
@@ -151,8 +152,8 @@ class _XRow:
 
     def __init__(self, builder, pointers):
         self.xq, self.xscale, self.xsum = pointers
-        self.dots = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * LANES))
-        self.low = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * LANES))
+        self.dots = cgutils.alloca_once_value(builder, _ZEROS16)
+        self.low = cgutils.alloca_once_value(builder, _ZEROS16)
 
 
 def _prefetch_lines(builder, base, first: int, count: int) -> None:
@@ -286,18 +287,23 @@ group1_u4_s16, group2_u4_s16, group3_u4_s16, group4_u4_s16 = (_group_intrinsic(c
 
 # ---- float32 rows for attention: a query's dot with each key, the weighted sum of value rows ------
 
-ROW_CHUNK = 16   # floats per vector: a head's width must be a multiple of it
+ROW_CHUNK = _V16F32.count   # floats per vector: a head's width must be a multiple of it
 
 
-def _lane_sum(builder, vector):
-    """The sum of a float vector's lanes, halving it in a fixed order (the same bits every call)."""
+def _halving(builder, vector, combine):
+    """A vector's lanes folded into one: its low and high halves combined lane by lane, then the
+    halves of that, in a fixed order (the same bits every call)."""
     while vector.type.count > 1:
         half = vector.type.count // 2
         mask = ir.VectorType(_I32, half)
         low = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half))))
         high = builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(half, 2 * half))))
-        vector = builder.fadd(low, high, flags=_EXACT)
+        vector = combine(builder, low, high)
     return builder.extract_element(vector, ir.Constant(_I32, 0))
+
+
+def _lane_sum(builder, vector):
+    return _halving(builder, vector, lambda b, low, high: b.fadd(low, high, flags=_EXACT))
 
 
 def _float_rows(arrays) -> bool:
@@ -344,7 +350,7 @@ def _array_parts(context, builder, array_type, array):
 
 
 def _zero_vectors(builder, count):
-    return [cgutils.alloca_once_value(builder, ir.Constant(_V16F32, [0.0] * ROW_CHUNK)) for _ in range(count)]
+    return [cgutils.alloca_once_value(builder, _ZEROS16) for _ in range(count)]
 
 
 def _vector_max(builder, a, b):
@@ -376,7 +382,7 @@ def key_scores(typingctx, query, keys, first, stop, scale, out):
             """accs[:count] = the products of keys t.. with the query, lane by lane."""
             rows = [_row(builder, key_ptr, key_stride, builder.add(t, ir.Constant(_I64, j))) for j in range(count)]
             for acc in accs[:count]:
-                builder.store(ir.Constant(_V16F32, [0.0] * ROW_CHUNK), acc)
+                builder.store(_ZEROS16, acc)
             with cgutils.for_range(builder, chunks) as chunk_loop:
                 offset = builder.mul(chunk_loop.index, ir.Constant(_I64, 4 * ROW_CHUNK))
                 q = _load(builder, query_ptr, offset, _V16F32, align=4)
@@ -402,16 +408,7 @@ def key_scores(typingctx, query, keys, first, stop, scale, out):
             score = builder.fmul(_lane_sum(builder, builder.load(accs[0])), scale_value, flags=_EXACT)
             builder.store(score, builder.bitcast(out_at(t), _F32.as_pointer()))
             builder.store(_vector_max(builder, score, builder.load(single)), single)
-        lanes = builder.load(best)
-        block_best = lanes
-        while block_best.type.count > 1:
-            half = block_best.type.count // 2
-            mask = ir.VectorType(_I32, half)
-            block_best = _vector_max(builder,
-                                     builder.shuffle_vector(block_best, block_best, ir.Constant(mask, list(range(half)))),
-                                     builder.shuffle_vector(block_best, block_best,
-                                                            ir.Constant(mask, list(range(half, 2 * half)))))
-        return _vector_max(builder, builder.extract_element(block_best, ir.Constant(_I32, 0)), builder.load(single))
+        return _vector_max(builder, _halving(builder, builder.load(best), _vector_max), builder.load(single))
 
     return types.float32(query, keys, first, stop, scale, out), codegen
 
