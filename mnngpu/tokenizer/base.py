@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from tokenizers import Tokenizer as HfTokenizer
@@ -34,6 +35,11 @@ class Tokenizer:
         self._backend = backend
         self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self._lattice_path = LatticeEncoder.for_backend(backend, lattice) if lattice else None
+        if lattice is not None and self._lattice_path is None:
+            warnings.warn(f"{self.path}: the tokenizers library splits this Unigram model's text on its own (added "
+                          "tokens with lstrip/rstrip/single_word, or a pre-tokenizer that prepends to the first "
+                          "piece only), so where two cuts of a word score the same its ids may differ from MNN's",
+                          stacklevel=2)
         self._fast_path = FastEncoder.for_backend(backend) if self._lattice_path is None else None
         self._fast_path_compiled = self._fast_path.compiled_check(backend) if self._fast_path else None
         self._token_bytes = token_bytes

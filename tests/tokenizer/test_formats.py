@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
+from tokenizers import Tokenizer as HfTokenizer
 
 from tokenizer_fixtures import (
     FIXTURE_NAMES,
@@ -13,6 +17,10 @@ from tokenizer_fixtures import (
     tokenizer,
 )
 
+from mnngpu.tokenizer import Tokenizer
+from mnngpu.tokenizer.header import TokenizerHeader
+from mnngpu.tokenizer.unigram_lattice import UnigramLattice
+
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_encode_gives_the_source_tokenizers_ids(name):
@@ -20,6 +28,19 @@ def test_encode_gives_the_source_tokenizers_ids(name):
     wrong = [(c["text"][:30], tok.encode(c["text"])[:10], c["source_ids"][:10])
              for c in reference(name)["cases"] if not encodes_as_source(name, tok.encode(c["text"]), c["source_ids"])]
     assert not wrong
+
+
+def test_a_unigram_mtok_whose_split_the_lattice_cannot_do_says_so_once_at_load():
+    tok = tokenizer("mtok_unigram")
+    spec = json.loads(tok._backend.to_str())
+    lattice = UnigramLattice([tuple(p) for p in spec["model"]["vocab"]], spec["model"]["unk_id"], False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Tokenizer(tok.path, TokenizerHeader(0, [], [], []), tok._backend, [b""], lattice)
+    spec["pre_tokenizer"]["prepend_scheme"] = "first"
+    backend = HfTokenizer.from_str(json.dumps(spec))
+    with pytest.warns(UserWarning, match="may differ from MNN's"):
+        Tokenizer(tok.path, TokenizerHeader(0, [], [], []), backend, [b""], lattice)
 
 
 def test_a_unigram_mtok_breaks_score_ties_as_mnn_does():
