@@ -1,8 +1,8 @@
 """Prefill and decode speed of any backends on a fixture model and, when it has been made
 (tools/make_bench_model.py), the Qwen2.5-0.5B-shaped bench model.
 
-    python benchmarks/backend_speed.py                     # opencl + vulkan, fixture + bench model
-    python benchmarks/backend_speed.py MODEL_DIR ... [--backends cpu opencl] [--precisions high low]
+    python -m benchmarks.backend_speed                     # opencl + vulkan, fixture + bench model
+    python -m benchmarks.backend_speed MODEL_DIR ... [--backends cpu opencl] [--precisions high low]
         [--prompt-len 100] [--decode 16]
 
 Per model, backend and precision: load time; the first prefill and decode, which resize the two
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import cpu_description
+
+from benchmarks.machine import cpu_description
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")

@@ -1,6 +1,6 @@
 """How long Ctrl-C takes to stop `mnngpu chat`'s first reply while its kernels still compile.
 
-    python benchmarks/chat_interrupt.py [MODEL_DIR] [--wait 3] [-- chat flags...]
+    python -m benchmarks.chat_interrupt [MODEL_DIR] [--wait 3] [-- chat flags...]
 
 Starts `mnngpu chat` in a pseudo-terminal with NUMBA_CACHE_DIR set to an empty folder (so the
 first reply compiles every kernel), asks one question, presses Ctrl-C `--wait` seconds after

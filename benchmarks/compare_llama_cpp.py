@@ -2,10 +2,10 @@
 (Mesa lavapipe here) and OpenCL (PoCL here), on the bench model (MNN int4 block 64 for mnngpu,
 GGUF Q4_0 of the same weights for llama.cpp).
 
-    python tools/make_bench_model.py --hf-out bench_models/qwen2_5_0_5b_shape_hf
+    python -m tools.make_bench_model --hf-out bench_models/qwen2_5_0_5b_shape_hf
     tools/build_llama_cpp.sh WORKDIR vulkan            # and, if it builds, WORKDIR opencl
-    python tools/bench_model_gguf.py bench_models/qwen2_5_0_5b_shape_hf WORKDIR
-    python benchmarks/compare_llama_cpp.py bench_models/qwen2_5_0_5b_shape \\
+    python -m tools.bench_model_gguf bench_models/qwen2_5_0_5b_shape_hf WORKDIR
+    python -m benchmarks.compare_llama_cpp bench_models/qwen2_5_0_5b_shape \\
         bench_models/qwen2_5_0_5b_shape.q4_0.gguf WORKDIR --backends cpu,vulkan --prompt 512 --decode 128
 
 Both engines run llm_bench's tests, whose definitions are the same in `mnngpu bench` and
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import cpu_description, read_bandwidth_gbs
+from benchmarks.machine import cpu_description, read_bandwidth_gbs
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
@@ -48,7 +48,7 @@ def load_average() -> float:
 # ---- mnngpu, in its own process -----------------------------------------------------------------
 
 def measure_mnngpu(model_dir: Path, backend: str, threads: int, prompt: int, decode: int, rep: int) -> dict:
-    from mnngpu import bench
+    from mnngpu.apps import bench
 
     runtime = bench.RuntimeCase(model_dir, backend, "low", "low", threads)
     results = bench.run([runtime], bench.test_cases([prompt], [decode], []), rep)
@@ -60,7 +60,7 @@ def measure_mnngpu(model_dir: Path, backend: str, threads: int, prompt: int, dec
 def run_mnngpu(backend: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, str(Path(__file__).resolve()), str(args.model_dir), str(args.gguf),
+        command = [sys.executable, "-m", "benchmarks.compare_llama_cpp", str(args.model_dir), str(args.gguf),
                    str(args.workdir), "--worker", backend, "--threads", str(args.threads),
                    "--prompt", str(args.prompt), "--decode", str(args.decode), "--rep", str(args.rep),
                    "--json-out", str(out)]

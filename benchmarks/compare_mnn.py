@@ -1,6 +1,6 @@
 """mnngpu against MNN's own runtime (`MNN.llm`) on one model folder, side by side.
 
-    python benchmarks/compare_mnn.py bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
+    python -m benchmarks.compare_mnn bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
 
 Each measurement runs in a fresh process, the engines alternating (mnngpu, MNN, mnngpu, MNN, ...),
 so that neither gets a warmer page cache or a quieter machine. A process loads the model with the
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_description, read_bandwidth_gbs
+from benchmarks.machine import cpu_description, read_bandwidth_gbs
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
@@ -96,7 +96,7 @@ def measure(engine: str, model_dir: Path, threads: int, prompt: int, decode: int
 def run_worker(engine: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, str(Path(__file__).resolve()), str(args.model_dir), "--worker", engine,
+        command = [sys.executable, "-m", "benchmarks.compare_mnn", str(args.model_dir), "--worker", engine,
                    "--threads", str(args.threads), "--prompt", str(args.prompt), "--decode", str(args.decode),
                    "--json-out", str(out), *(["--mnn-memory", args.mnn_memory] if args.mnn_memory else [])]
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=args.timeout)

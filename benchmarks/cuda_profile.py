@@ -1,7 +1,7 @@
 """Where mnngpu's CUDA time goes, op by op: a prefill chunk and a decode step, each op's launches
 timed between two device synchronizations.
 
-    python benchmarks/cuda_profile.py bench_models/qwen2_5_0_5b_shape --prompt 512 --repeats 3
+    python -m benchmarks.cuda_profile bench_models/qwen2_5_0_5b_shape --prompt 512 --repeats 3
 
 The whole steps are timed first as a run makes them (each module replays its CUDA graph).
 Then CUDA graphs are switched off and every op of one prefill and one decode step runs alone,
@@ -18,10 +18,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from machine import cpu_description
-from profile_table import prefill_then_decode, print_table, step_seconds
-
-from mnngpu import bench
+from benchmarks.machine import cpu_description
+from benchmarks.profile_table import prefill_then_decode, print_table, step_seconds
+from mnngpu.apps import bench
 from mnngpu.runtime.pipeline import Pipeline
 
 

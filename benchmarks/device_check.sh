@@ -72,7 +72,7 @@ install_packages() {
         ldconfig
     fi
     if ! compgen -G "$WHEELS/*.whl" >/dev/null && ! compgen -G "$WHEELS/*.whl.tar.xz" >/dev/null; then
-        echo "no wheels in $WHEELS: run tools/fetch_device_wheels.py --vulkan-loader first"
+        echo "no wheels in $WHEELS: run python -m tools.fetch_device_wheels --vulkan-loader first"
         return 1
     fi
     if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -123,8 +123,7 @@ trap cleanup EXIT
 check_telemetry_guard() {
     "$PY" - "$SITE" <<'EOF'
 import sys
-sys.path.insert(0, "tools")
-from mnn_export import disable_converter_telemetry
+from tools.mnn_export import disable_converter_telemetry
 patched = disable_converter_telemetry()
 print("telemetry guard in", patched)
 if not str(patched).startswith(sys.argv[1]):
@@ -218,13 +217,13 @@ case ",$BACKENDS," in *,vulkan,*) stage vulkan-memory 30 report_vulkan_memory ;;
 MODEL=$WORK/bench_model
 HF=$WORK/hf
 if [ "$TELEMETRY_OK" = 0 ]; then
-    (timeout 240 "$PY" tools/make_bench_model.py --out "$MODEL" >"$WORK/make_bench_model.log" 2>&1
+    (timeout 240 "$PY" -m tools.make_bench_model --out "$MODEL" >"$WORK/make_bench_model.log" 2>&1
      echo $? >"$WORK/make_bench_model.rc") &
     MODEL_PID=$!
 else
     MODEL_PID=
 fi
-(timeout 240 "$PY" -c "import sys; sys.path.insert(0, 'tools'); from make_bench_model import build_hf_model; \
+(timeout 240 "$PY" -c "import sys; from tools.make_bench_model import build_hf_model; \
 from pathlib import Path; build_hf_model(Path(sys.argv[1]))" "$HF" >"$WORK/hf_build.log" 2>&1
  echo $? >"$WORK/hf_build.rc") &
 HF_PID=$!
@@ -248,7 +247,7 @@ say "[hf-build] exit $(cat "$WORK/hf_build.rc" 2>/dev/null || echo '?')"
 cat "$WORK/hf_build.log" >>"$LOG"
 HF_ARGS=()
 [ -f "$HF/config.json" ] && HF_ARGS=(--hf "$HF")
-[ "${PEER:-1}" = 1 ] && stage hf-eager 90 "$PY" benchmarks/hf_eager_bench.py "${HF_ARGS[@]}" -p "$PROMPT" -n "$DECODE" -rep "$REPEAT" \
+[ "${PEER:-1}" = 1 ] && stage hf-eager 90 "$PY" -m benchmarks.hf_eager_bench "${HF_ARGS[@]}" -p "$PROMPT" -n "$DECODE" -rep "$REPEAT" \
     --json "$WORK/hf_eager.json"
 
 if [ -n "$MODEL_PID" ]; then
@@ -271,9 +270,9 @@ fi
 
 # Where the time goes: op by op on CUDA, dispatch by dispatch on Vulkan.
 if [ -f "$MODEL/llm.mnn" ]; then
-    case ",$BACKENDS," in *,cuda,*) stage cuda-profile 90 "$PY" benchmarks/cuda_profile.py "$MODEL" \
+    case ",$BACKENDS," in *,cuda,*) stage cuda-profile 90 "$PY" -m benchmarks.cuda_profile "$MODEL" \
         --prompt "$PROMPT" --repeats "$REPEAT" ;; esac
-    case ",$BACKENDS," in *,vulkan,*) stage vulkan-profile 90 "$PY" benchmarks/vulkan_profile.py "$MODEL" \
+    case ",$BACKENDS," in *,vulkan,*) stage vulkan-profile 90 "$PY" -m benchmarks.vulkan_profile "$MODEL" \
         --prompt 128 --repeats "$REPEAT" ;; esac
 fi
 

@@ -1,6 +1,6 @@
 """Read bandwidth of the CPU's quantized GEMV kernels on the 0.5B model's matrix shapes.
 
-    python benchmarks/gemv_speed.py [--threads 2] [--rows 1 4] [--precision low normal]
+    python -m benchmarks.gemv_speed [--threads 2] [--rows 1 4] [--precision low normal]
 
 Each shape is an int4 matrix, block 64, with random codes and (min, scale) pairs laid out as the
 weight file lays them (precision low: repacked into lane groups, as the CPU backend does at
@@ -16,17 +16,14 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 
-from machine import cpu_description, read_bandwidth_gbs
-
-from mnngpu.backends.cpu.ops import lane_kernels
-from mnngpu.backends.cpu.ops import linear_kernels as kernels
+from benchmarks.machine import cpu_description, read_bandwidth_gbs
+from mnngpu.backends.cpu.kernels import lane_kernels
+from mnngpu.backends.cpu.kernels import linear_kernels as kernels
 
 BLOCK = 64
 COPIES_BYTES = 512 << 20   # how much weight memory the copies of one shape span

@@ -5,7 +5,7 @@ prefill tok/s over a P-token prompt and decode tok/s over N greedy steps with th
 The model is tools/make_bench_model.py's random-weight Qwen2.5-0.5B shape (same seed, so the
 same weights it exports for mnngpu), built here unless --hf names an existing HF folder.
 
-    python benchmarks/hf_eager_bench.py -p 512 -n 128 -rep 3 [--hf DIR] [--json out.json]
+    python -m benchmarks.hf_eager_bench -p 512 -n 128 -rep 3 [--hf DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def build_model(hf_dir: Path) -> None:
-    sys.path.insert(0, str(REPO / "tools"))
-    from make_bench_model import build_hf_model
+    from tools.make_bench_model import build_hf_model
 
     build_hf_model(hf_dir)
 

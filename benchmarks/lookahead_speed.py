@@ -1,6 +1,6 @@
 """Lookahead against AR decoding on one model folder: decode tok/s, identical output, acceptance.
 
-    python benchmarks/lookahead_speed.py bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
+    python -m benchmarks.lookahead_speed bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
 
 The prompt is a text with repeats (a short function written out several times, or --text FILE).
 Each round decodes --tokens greedy tokens with AR and then with lookahead, past stop ids, from
@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from mnngpu import bench
+from mnngpu.apps import bench
 
 
 def prefill_then_decode(model, prompt: int, phase: dict[str, str]) -> None:

@@ -5,7 +5,7 @@ Each case runs in its own process: load the model, prefill `--tokens` ids (in pi
 so activations stay small and the KV cache is what grows), decode a few tokens, then print the
 process's peak RSS (VmHWM) and its resident anonymous and file-backed memory at the end.
 
-    python benchmarks/runtime_options_rss.py bench_models/qwen2_5_0_5b_shape --tokens 8192
+    python -m benchmarks.runtime_options_rss bench_models/qwen2_5_0_5b_shape --tokens 8192
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ for token in (17, 18, 19, 20):
     model.forward([token])
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 kib = lambda key: int(status[key].split()[0])
-kv = sum(getattr(c, "nbytes", c.k.nbytes + c.v.nbytes) for c in model.runtime.backend().kv_caches.values())
+kv = sum(c.nbytes for c in model.runtime.backend().kv_caches.values())
 print("RESULT" + json.dumps({"peak_mib": kib("VmHWM") / 1024, "anon_mib": kib("RssAnon") / 1024,
                              "file_mib": kib("RssFile") / 1024, "kv_mib": kv / 2**20, "prefill_s": prefill}))
 """

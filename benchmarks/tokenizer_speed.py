@@ -1,6 +1,6 @@
 """Encode 1 MB of mixed text with mnngpu's tokenizer and with MNN's own (`MNN.llm`), per format.
 
-    python benchmarks/tokenizer_speed.py [--megabytes 1] [--repeats 3] [--only NAME ...] [--text FILE]
+    python -m benchmarks.tokenizer_speed [--megabytes 1] [--repeats 3] [--only NAME ...] [--text FILE]
 
 The text mixes English prose, code, CJK, emoji and digits (or is the first megabytes of FILE).
 Both sides get the same string in one encode call; each time is the best of `repeats`. Ours is
@@ -16,19 +16,15 @@ import argparse
 import importlib.util
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 # Time the compiled kernels, never the library standing in for a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "tokenizer"))
-
-from mnn_tokenizer import run_mnn_tokenizer
-from tokenizer_fixtures import FIXTURE_NAMES, FIXTURE_ROOT, reference
 
 from mnngpu.tokenizer import load_tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_NAMES, FIXTURE_ROOT, reference
+from tools.mnn_tokenizer import run_mnn_tokenizer
 
 SAMPLE = (
     "The quick brown fox jumps over the lazy dog. I'm sure they'll see it, don't worry!\n"
@@ -65,7 +61,7 @@ def our_seconds(name: str, text: str, repeats: int) -> tuple[float, float, int]:
 def mnn_seconds(name: str, text: str, repeats: int, timeout: float) -> float | None:
     """MNN's best time, or None when one encode runs past `timeout` (MNN's BPE is quadratic in
     the length of a text it cannot split, and its type 3 reader uses std::regex)."""
-    path = ROOT / "tests" / "fixtures" / "tokenizers" / name / reference(name)["tokenizer_file"]
+    path = FIXTURE_ROOT / name / reference(name)["tokenizer_file"]
     try:
         return min(run_mnn_tokenizer(path, [], timed_text=text, timeout=timeout)["encode_seconds"]
                    for _ in range(repeats))

@@ -1,7 +1,7 @@
 """Where mnngpu's Vulkan time goes, kernel by kernel: every dispatch of a decode step and of a
 prefill chunk, timed alone.
 
-    python benchmarks/vulkan_profile.py bench_models/qwen2_5_0_5b_shape --prompt 100 --repeats 3
+    python -m benchmarks.vulkan_profile bench_models/qwen2_5_0_5b_shape --prompt 100 --repeats 3
 
 The Vulkan backend records a whole step into one command buffer, so a normal run has no time per
 op. This loads the model on the vulkan backend and runs a prefill of `--prompt` tokens and one
@@ -19,10 +19,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from machine import cpu_description
-from profile_table import prefill_then_decode, print_table, step_seconds
-
-from mnngpu import bench
+from benchmarks.machine import cpu_description
+from benchmarks.profile_table import prefill_then_decode, print_table, step_seconds
+from mnngpu.apps import bench
 from mnngpu.backends.vulkan import VulkanBackend
 from mnngpu.backends.vulkan.program import Segment
 
@@ -32,18 +31,18 @@ def capture_dispatches(model, prompt: int) -> dict[str, list]:
     with the backend they belong to."""
     captured: dict[str, list] = {"prefill": [], "decode": []}
     phase = {"name": "prefill"}
-    original = VulkanBackend.enqueue
+    original = VulkanBackend._enqueue
 
     def enqueue(backend, segment):
         if segment not in {s for _, s in captured[phase["name"]]}:
             captured[phase["name"]].append((backend, segment))
         return original(backend, segment)
 
-    VulkanBackend.enqueue = enqueue
+    VulkanBackend._enqueue = enqueue
     try:
         prefill_then_decode(model, prompt, phase)
     finally:
-        VulkanBackend.enqueue = original
+        VulkanBackend._enqueue = original
     return {name: [(backend, d) for backend, segment in found for d in segment.dispatches]
             for name, found in captured.items()}
 

@@ -1,5 +1,7 @@
+"""`python -m mnngpu`: the same command line as the `mnngpu` script."""
+
 import sys
 
-from mnngpu.cli import main
+from mnngpu.apps.cli import main
 
 sys.exit(main())

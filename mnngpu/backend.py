@@ -8,7 +8,7 @@ fixed-shape backend) and then every step:
 
     backend.rearrange(node)                                  # once per node, at load
     backend.onResizeBegin()
-    for node: reason = backend.decline(node, inputs, outputs) # runtime/placement.py: None, or why not
+    for node: reason = placement.decline(backend, node, ...)  # runtime/placement.py: None, or why not
               exe = backend.onCreate(inputs, outputs, node)  # (a declined node goes to the CPU backup)
               backend.alloc(t) for each output; exe.onResize(inputs, outputs)
     backend.onResizeEnd()
@@ -22,14 +22,16 @@ from __future__ import annotations
 import importlib
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mnngpu.errors import BackendUnavailableError, ConfigError
-from mnngpu.runtime.host_ops import is_windowed
+
+if TYPE_CHECKING:
+    from mnngpu.runtime.kv import KVCache
 
 
 @dataclass(eq=False)
@@ -76,6 +78,7 @@ class BackendConfig:
     memory: str = "low"
     thread_num: int = 4
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
+    prefill_len: int = 0        # rows of a prefill chunk (runtime/module_pool.py): the KV cache's padding
     strict_device: bool = False  # an op the backend declines is an error, not a CPU fallback
     keep_tensors: bool = False   # no two tensors share memory: every op's output readable after a run (diff)
     tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files
@@ -101,6 +104,12 @@ class Execution(ABC):
         self.backend = backend
         self.node = node
 
+    @classmethod
+    def decline(cls, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> str | None:
+        """Why this Execution cannot run `node` on these inputs (a shape or dtype limit of its
+        kernels), or None when it can. Placement asks before onCreate."""
+        return None
+
     def onResize(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:  # noqa: N802 (MNN's name)
         """Shapes are known: plan, bind, (re)record. Default: nothing to plan."""
 
@@ -109,46 +118,64 @@ class Execution(ABC):
         """Run (GPU backends enqueue)."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared once per backend class (`caps`); callers read these flags
+    instead of probing the backend. A backend instance may refine its class's record
+    (`dataclasses.replace`), e.g. with the storage its precision chose."""
+
+    # True for GPU/NPU backends (MNN's shapeMutable=false): each pool module is resized once and
+    # the same commands replay every step.
+    fixed_shape: bool = False
+    # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
+    kv_int8: bool = False
+    # An Attention op with kv_cache false (a vision encoder's: every query over every key, plus
+    # the mask input) runs here; where not, it falls back to the CPU.
+    encoder_attention: bool = False
+    # A Convolution whose window slides over its input (not a 1x1 or a patch embedding) runs
+    # here; where not, it falls back to the CPU.
+    windowed_convolution: bool = False
+    # Packed weights are host arrays any instance can use: create_lora shares them with the base.
+    host_weights: bool = False
+    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
+    # them into a fresh cache (runtime.kv.read_kv / write_kv).
+    kv_transfer: bool = False
+    # The format the backend stores floats in: float32, float16 or bfloat16 (Vulkan's KV cache and
+    # dense weights; its activations stay float32).
+    storage: str = "float32"
+    # Op types the backend knowingly has no Execution for, and why (the reason placement gives).
+    lacking: Mapping[str, str] = field(default_factory=dict)
+
+
 class Backend(ABC):
+    """One compute device. Its Pipeline-facing methods are all declared here; what a backend's
+    own executions call on it is private to that backend (a leading underscore)."""
+
     type: str = ""
-    fixed_shape: bool = False          # True for GPU/NPU backends: shapeMutable=False
+    caps: Capabilities = Capabilities()
     executions: dict[str, type[Execution]] = {}  # op type -> Execution class
 
     def __init__(self, config: BackendConfig, kv_meta=None):
         self.config = config
         self.kv_meta = kv_meta         # runtime.kv.KVMeta shared with the Attention executions
+        self.description = self.type   # the backend and its device, for the ready line
+        self.kv_caches: dict[int, KVCache] = {}   # layer index -> its cache, made by kv_cache()
 
     def rearrange(self, node: Node) -> None:
         """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop
         the raw arrays. Every Execution later made for the node shares the packed form."""
-
-    def decline(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
-        """Why this backend cannot run `node` on these inputs, or None when it can. Asked by the
-        placement step before onCreate; a backend with shape or dtype limits extends it."""
-        if node.type not in self.executions:
-            return f"{node.type} is not in the {self.type} op table"
-        if node.type == "Attention" and not node.param.kv_cache and not self.encoder_attention:
-            return f"Attention without a KV cache (a vision encoder's) is not implemented on {self.type}"
-        if node.type == "Convolution" and not self.windowed_convolution and inputs and \
-                is_windowed(node.param.common, inputs[0].shape):
-            return f"a sliding-window Convolution (an audio encoder's) is not implemented on {self.type}"
-        return None
-
-    def supports(self, node: Node, inputs: list[Tensor], outputs: list[Tensor] = ()) -> bool:
-        return self.decline(node, inputs, list(outputs)) is None
 
     def declined(self, node: Node, inputs: list[Tensor]) -> None:
         """Told that `node` runs on the CPU backup instead, between this backend's ops (a device
         backend ends its command segment or keeps the inputs' buffers for the copies out)."""
 
     def onCreate(self, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> Execution | None:  # noqa: N802
-        if self.decline(node, inputs, outputs) is not None:
+        """The Execution of `node`, or None where this backend has none for these inputs (placement,
+        runtime/placement.py, asks first and sends such a node to the CPU backup)."""
+        execution = self.executions.get(node.type)
+        if execution is None or execution.decline(inputs, outputs, node) is not None:
             return None
-        return self.executions[node.type](self, node)
-
-    def describe(self) -> str:
-        """The backend and its device, for the ready line: e.g. "vulkan on llvmpipe (CPU)"."""
-        return self.type
+        return execution(self, node)
 
     def onResizeBegin(self) -> None:  # noqa: N802
         """Called before a Pipeline resizes its executions."""
@@ -159,9 +186,6 @@ class Backend(ABC):
     @abstractmethod
     def alloc(self, tensor: Tensor) -> None:
         """Give `tensor` a device buffer of tensor.nbytes (tensor.device)."""
-
-    def release(self, tensor: Tensor) -> None:
-        tensor.device = None
 
     @abstractmethod
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
@@ -174,37 +198,9 @@ class Backend(ABC):
     def finish(self) -> None:
         """Wait until every enqueued execution is done (no-op for CPU)."""
 
-    # attention_mode 1 and 2: the backend's Attention keeps int8 keys (and values), kv_quant.
-    kv_int8: bool = False
-
-    # An Attention op with kv_cache false (a vision encoder's: every query over every key, plus
-    # the mask input) runs here; where not, it falls back to the CPU.
-    encoder_attention: bool = False
-
-    # A Convolution whose window slides over its input (not a 1x1 or a patch embedding) runs
-    # here; where not, it falls back to the CPU.
-    windowed_convolution: bool = False
-
-    # Packed weights are host arrays any instance can use: create_lora shares them with the base.
-    host_weights: bool = False
-
-    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
-    # them into a fresh cache; a backend that can sets kv_transfer and overrides both.
-    kv_transfer: bool = False
-
-    # Such a backend keeps `kv_caches` {layer: cache} and `kv_cache(layer, kv_heads, head_dim)`
-    # (made when absent); each cache has read(length) and write(keys, values).
-
-    def read_kv(self, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each layer's first `length` keys and values: float32 (kv_heads, length, head_dim) each."""
-        self.finish()
-        return {layer: cache.read(length) for layer, cache in sorted(self.kv_caches.items())}
-
-    def write_kv(self, layers: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
-        self.finish()
-        for layer, (keys, values) in layers.items():
-            self.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
+    @abstractmethod
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
+        """Layer `layer`'s cache, made empty (and kept in `kv_caches`) when absent."""
 
 
 class DeviceWarning(UserWarning):

@@ -46,17 +46,18 @@ def _user_cache_dir() -> Path:
 
 
 def _shared_sources_digest() -> str:
-    """A digest of the CPU kernels' shared helpers (backends/cpu/ops: intrinsics, fastmath, ...).
+    """A digest of the CPU kernels' sources (backends/cpu/kernels: intrinsics, fastmath, ...; and
+    backends/cpu/ops, whose kernels call them).
 
     numba checks a cached kernel against its own source file only, but the kernels inline helpers
     from the other files there; after a change to one of those, the cache would still hand back
     the old machine code. Each version of the helpers gets a cache folder of its own instead."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for ops in (here / "backends" / "cpu" / "ops", here.parent / "backends" / "cpu" / "ops"):  # wheel, checkout
-        if ops.is_dir():
-            for source in sorted(ops.glob("*.py")):
-                digest.update(source.name.encode() + source.read_bytes())
+    for cpu in (here / "backends" / "cpu", here.parent / "backends" / "cpu"):  # wheel, checkout
+        if cpu.is_dir():
+            for source in sorted([*cpu.glob("kernels/*.py"), *cpu.glob("ops/*.py")]):
+                digest.update(source.relative_to(cpu).as_posix().encode() + source.read_bytes())
             break
     # the tokenizer's hash-table probe (bpe_model.int_slot), which unigram_lattice's kernels call too
     shared = here / "tokenizer" / "bpe_model.py"

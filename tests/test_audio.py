@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from mnngpu import llm as mnngpu_llm
-from mnngpu.audio import audio_tokens, read_wav
-from mnngpu.cli import main
+from mnngpu.apps.cli import main
+from mnngpu.apps.inspect import format_inspect_table, inspect_model
 from mnngpu.errors import ConfigError, InputError
-from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import Omni
+from mnngpu.omni.audio import audio_tokens, read_wav
 from tests.conftest import FIXTURES, copy_model_files, folder_state
 
 AUDIO = FIXTURES.parent / "audio" / "qwen2_audio_int4"
@@ -72,8 +72,8 @@ def test_run_with_audio_streams_mnns_reply(capsys, model):
 
 
 def test_the_server_reads_input_audio_parts(model):
-    from mnngpu.server.engine import ServedModel
-    from mnngpu.server.protocol import ApiError, parse_chat_request
+    from mnngpu.apps.server.engine import ServedModel
+    from mnngpu.apps.server.protocol import ApiError, parse_chat_request
 
     def body(audio: dict) -> dict:
         parts = [{"type": "input_audio", "input_audio": audio}, {"type": "text", "text": QUESTION}]

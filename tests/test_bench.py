@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnngpu import bench, cli
+from mnngpu.apps import bench, cli
 from mnngpu.errors import ConfigError
 from tests.conftest import FIXTURES
 
@@ -189,9 +189,9 @@ def test_bench_threads_default_to_the_cores_this_process_may_use():
 
 def test_compare_mnn_reports_both_engines():
     pytest.importorskip("MNN.llm")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_mnn.py"), str(MODEL), "--threads", "1",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compare_mnn", str(MODEL), "--threads", "1",
                            "--prompt", "8", "--decode", "2", "--rounds", "1", "--no-bandwidth"],
-                          check=False, capture_output=True, text=True, timeout=600)
+                          check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert sum(line.startswith("round 1") for line in lines) == 2

@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from mnngpu.chat import ChatSession, PromptCache, generate_reply
+from mnngpu.apps.chat import ChatSession, PromptCache, generate_reply
 from tests.reference_model import (
     CHAT_PROMPT,
     CHAT_QUESTION,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mnngpu.cli import build_parser, main
+from mnngpu.apps.cli import build_parser, main
 from mnngpu.progress import LoadProgress, format_bar
 from tests.conftest import FIXTURES, reference
 from tests.reference_model import (

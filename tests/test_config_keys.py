@@ -1,4 +1,4 @@
-"""The one table of config keys (mnngpu.config_keys): it covers every key MNN reads, docs/formats.md
+"""The one table of config keys (mnngpu.config.keys): it covers every key MNN reads, docs/formats.md
 shows it, a rejected value stops the load naming the key, a warned one draws one warning line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mnngpu.config import DEFAULTS, KNOWN_KEYS, ConfigWarning, LlmConfig
-from mnngpu.config_keys import KEYS, REJECTED, STATUSES, WARNED, markdown_table
+from mnngpu.config.keys import KEYS, LOAD_TIME_KEYS, NO_DEFAULT, REJECTED, STATUSES, WARNED, markdown_table
 from mnngpu.errors import ConfigError
 from tests.conftest import FIXTURES
 
@@ -36,6 +36,35 @@ def test_the_table_covers_every_key_mnn_reads():
     for name, key in KEYS.items():
         assert key.note, name
         assert (key.supported is not None) == (key.status == REJECTED), name
+
+
+def test_each_default_passes_its_own_check():
+    for name, key in KEYS.items():
+        if key.default is not NO_DEFAULT and key.check is not None:
+            assert key.check[1](key.default), name
+        if key.status == REJECTED and key.default is not NO_DEFAULT:
+            assert key.supported[1](key.default), name   # MNN's default is a value mnngpu computes
+
+
+@pytest.mark.parametrize("key, value", [("thread_num", 0), ("precision", "max"), ("chunk_limits", [1]),
+                                        ("logit_bias", {"x": 1}), ("seed", -1), ("mllm", [])])
+def test_a_value_outside_its_rows_check_names_the_key(key, value):
+    config = LlmConfig.load(QWEN2)
+    with pytest.raises(ConfigError, match=key):
+        config.set_config({key: value})
+
+
+def test_a_load_time_key_set_after_load_says_it_waits_for_the_next_load():
+    from mnngpu import llm
+    model = llm.create(QWEN2)
+    model.load()
+    with pytest.warns(ConfigWarning, match="takes effect at the next load"):
+        model.set_config({"thread_num": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        model.set_config({"temperature": 0.5})   # read at every reply: no warning
+    assert {"backend_type", "thread_num", "llm_model"} <= LOAD_TIME_KEYS
+    assert "temperature" not in LOAD_TIME_KEYS
 
 
 def test_docs_show_the_same_table():

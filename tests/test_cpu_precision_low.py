@@ -71,7 +71,7 @@ def test_low_precision_decode_steps_stay_near_high(name):
         assert np.abs(got - want).max() <= LOW_TOLERANCE * want.std()
 
 
-@pytest.mark.skipif(not (BENCH_MODEL / "llm.mnn").exists(), reason="bench model not made (tools/make_bench_model.py)")
+@pytest.mark.skipif(not (BENCH_MODEL / "llm.mnn").exists(), reason="bench model not made (python -m tools.make_bench_model)")
 def test_bench_model_low_precision_near_live_mnn_high(tmp_path):
     pytest.importorskip("MNN.llm")
     prompts = ["The quick brown fox jumps over the lazy dog"]

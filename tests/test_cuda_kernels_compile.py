@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+
 from mnngpu.backends.cuda.device import kernel_source
 from mnngpu.shaders import shader_path
 

@@ -24,9 +24,7 @@ import numpy as np
 import pytest
 
 from mnngpu.demo import demo_model_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import demo_corpus
+from tools import demo_corpus
 
 HELDOUT_DOCUMENTS = 24
 # A prefix of the training corpus's plain documents: enough tokens (~80k) for the unigram
@@ -121,8 +119,9 @@ def mnn_result() -> dict:
     pytest.importorskip("MNN")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        done = subprocess.run([sys.executable, __file__, str(demo_model_dir()), str(out)],
-                              check=False, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-m", "tests.test_demo_model", str(demo_model_dir()), str(out)],
+                              check=False, capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(out.read_text())
 

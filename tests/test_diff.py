@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnngpu.cli import main
-from mnngpu.diff import DEFAULT_TOLERANCE, diff_backends, first_divergence
+from mnngpu.apps.cli import main
+from mnngpu.apps.diff import DEFAULT_TOLERANCE, diff_backends, first_divergence
 from mnngpu.format import read_net
 from tests.conftest import FIXTURES, backend_or_skip
 
@@ -32,7 +32,7 @@ def broken_vulkan_norm(monkeypatch):
         if self.node.name == target:
             gamma = np.asarray(self.node.weights["gamma"], dtype=np.float32) * 1.5
             _, beta = self.node.weights["vulkan_norm"]
-            self.node.weights["vulkan_norm"] = (self.backend.constant(gamma), beta)
+            self.node.weights["vulkan_norm"] = (self.backend._constant(gamma), beta)
         original(self, inputs, outputs)
 
     monkeypatch.setattr(VulkanLayerNorm, "onResize", broken)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from mnngpu import jit
-from mnngpu.backends.cpu.ops import attention, fastmath, lane_kernels, norm, rope
-from mnngpu.backends.cpu.ops import linear_kernels as kernels
+from mnngpu.backends.cpu.kernels import fastmath, lane_kernels
+from mnngpu.backends.cpu.kernels import linear_kernels as kernels
+from mnngpu.backends.cpu.ops import attention, norm, rope
 from tests import reference
 
 RNG_SEED = 7

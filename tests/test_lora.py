@@ -86,7 +86,7 @@ def test_a_lora_of_another_model_is_refused():
 
 
 def test_the_command_line_runs_a_lora_on_the_base_weights(capsys):
-    from mnngpu import cli
+    from mnngpu.apps import cli
 
     def reply(*flags: str) -> str:
         code = cli.main(["run", str(MODEL_DIR), "--no-template", "-p", PROMPTS[0]["text"], "-n", "6",

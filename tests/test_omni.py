@@ -22,11 +22,11 @@ pytest.importorskip("PIL")
 from PIL import Image
 
 from mnngpu import llm as mnngpu_llm
-from mnngpu.cli import main
+from mnngpu.apps.cli import main
+from mnngpu.apps.inspect import format_inspect_table, inspect_model
 from mnngpu.errors import ConfigError, InputError, ModelFormatError
-from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.omni import MropePositions, Omni
-from mnngpu.vision import read_image
+from mnngpu.omni.vision import read_image
 from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES, copy_model_files, folder_state
 
@@ -110,8 +110,8 @@ def test_inspect_lists_the_vision_module(tmp_path):
 
 
 def test_the_server_reads_image_url_data_urls_only(model):
-    from mnngpu.server.engine import ServedModel
-    from mnngpu.server.protocol import ApiError, parse_chat_request
+    from mnngpu.apps.server.engine import ServedModel
+    from mnngpu.apps.server.protocol import ApiError, parse_chat_request
 
     data = base64.b64encode(IMAGE.read_bytes()).decode()
 
@@ -247,7 +247,7 @@ QWEN3 = FIXTURES.parent / "vision" / "qwen3_vl_int4"
 def test_qwen3_position_table_lookup_follows_mnns_loops(grid):
     """The engine's vectorized idx_tensor/weight_tensor against MNN's Omni loops written out one
     patch at a time (tests/mnn_oracle.py)."""
-    from mnngpu.vision import position_table_lookup
+    from mnngpu.omni.vision import position_table_lookup
     from tests.mnn_oracle import mnn_position_table
 
     index, weight = position_table_lookup(8, *grid)

@@ -12,7 +12,7 @@ from mnngpu.errors import BackendUnavailableError, ModelFormatError
 from mnngpu.format import params as P
 from mnngpu.format.enums import OP_TYPE
 from mnngpu.runtime import op_table
-from mnngpu.validate import runnable_op_types
+from mnngpu.runtime.validate import runnable_op_types
 
 
 def test_every_graph_op_type_runs_on_the_cpu_or_is_always_folded():
@@ -51,6 +51,30 @@ def test_host_rules_agree_with_shape_rules():
         (value,) = op_table.evaluate(node, inputs)
         ((shape, dtype),) = op_table.infer(node, tensors)
         assert value.shape == tuple(shape) and value.dtype == np.dtype(dtype), node.type
+
+
+@pytest.mark.parametrize("dims, value", [([2, 3], np.float32(1.5)), ([4], np.int32(-7)), ([], np.float32(2)),
+                                         ([2, 0, 3], np.float32(1))])
+def test_fill_is_np_full_of_its_value(dims, value):
+    node, shape_input = Node("Fill", "f"), np.array(dims, dtype=np.int32)
+    (got,) = op_table.evaluate(node, [shape_input, np.array([value])])
+    want = np.full(dims, value)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    tensors = [Tensor(shape_input.shape, shape_input.dtype, host=shape_input), Tensor((), np.dtype(want.dtype))]
+    assert op_table.infer(node, tensors) == [(want.shape, want.dtype)]
+
+
+def test_fill_needs_a_known_1d_shape_and_one_value():
+    node = Node("Fill", "f")
+    one = Tensor((), np.dtype(np.float32))
+    with pytest.raises(ModelFormatError, match="must be known before the op runs"):
+        op_table.infer(node, [Tensor((2,), np.dtype(np.int32)), one])
+    with pytest.raises(ModelFormatError, match="a Fill of a 1-D shape"):
+        op_table.infer(node, [Tensor((1, 2), np.dtype(np.int32), host=np.ones((1, 2), np.int32)), one])
+    with pytest.raises(ModelFormatError, match="a Fill of a 1-D shape"):
+        op_table.evaluate(node, [np.array([2], np.int32), np.zeros(2, np.float32)])
+    with pytest.raises(ModelFormatError, match="a Fill of a 1-D shape"):
+        op_table.evaluate(node, [np.array([-1], np.int32), np.zeros(1, np.float32)])
 
 
 def test_an_op_outside_the_table_is_named():

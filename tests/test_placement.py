@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from mnngpu import llm as mnngpu_llm
+from mnngpu.apps.cli import main
 from mnngpu.backend import BackendConfig, Node, Tensor
-from mnngpu.cli import main
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
 from mnngpu.progress import ready_line
 from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.pipeline import Pipeline
-from mnngpu.runtime.placement import PlacementTable
+from mnngpu.runtime.placement import PlacementTable, decline
 from tests import reference
 from tests.conftest import FIXTURES, backend_or_skip
 from tests.conftest import reference as fixture_reference
@@ -73,7 +73,8 @@ def test_vulkan_declines_a_width_not_a_multiple_of_8_and_the_cpu_runs_it():
                            1e-5)
     (fallback,) = table.fallbacks
     assert fallback.node == "fc12" and "input width 12 is not a multiple of 8" in fallback.reason
-    assert not backend.supports(node, tensors[:1], tensors[1:]) and holder.supports(node, tensors[:1], tensors[1:])
+    assert decline(backend, node, tensors[:1], tensors[1:]) is not None
+    assert decline(holder, node, tensors[:1], tensors[1:]) is None
 
 
 def test_strict_device_refuses_the_fallback():
@@ -101,9 +102,9 @@ def vulkan_wider_groups(monkeypatch):
     (widths 128 and 192) is packable, so each is declined for its width, at load as on a device
     whose kernels cannot take it."""
     backend_or_skip("vulkan")
-    from mnngpu.backends.vulkan.ops import matmul
+    from mnngpu.backends.vulkan.ops import linear
 
-    monkeypatch.setattr(matmul, "GROUP", 256)
+    monkeypatch.setattr(linear, "GROUP", 256)
     return "vulkan"
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from mnngpu import llm
-from mnngpu.chat import ChatSession
+from mnngpu.apps.chat import ChatSession
+from mnngpu.apps.server.engine import ServedModel
+from mnngpu.apps.server.protocol import parse_chat_request
 from mnngpu.errors import CacheFileError, ConfigError
-from mnngpu.server.engine import ServedModel
-from mnngpu.server.protocol import parse_chat_request
 from tests.conftest import backend_or_skip
 from tests.reference_model import MODEL_DIR, hf_count, hf_render, load_model, recorded
 

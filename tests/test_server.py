@@ -18,8 +18,8 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from mnngpu.server.app import create_app
-from mnngpu.server.engine import ServedModel
+from mnngpu.apps.server.app import create_app
+from mnngpu.apps.server.engine import ServedModel
 from tests.reference_model import (
     CHAT_PROMPT,
     CHAT_QUESTION,
@@ -312,8 +312,8 @@ def test_a_streamed_request_that_fails_validation_gets_its_status_before_any_eve
 
 
 def test_max_queue_counts_the_waiting_requests_not_the_running_one():
+    from mnngpu.apps.server.protocol import ApiError, GenerationRequest
     from mnngpu.errors import InputError
-    from mnngpu.server.protocol import ApiError, GenerationRequest
 
     served = ServedModel(load_model(), "queue-model", max_queue=1)
     running, release = threading.Event(), threading.Event()
@@ -425,7 +425,7 @@ def test_serve_quiet_logs_no_request_and_a_second_signal_exits_at_once():
     (["--max-body-bytes", "0"], "--max-body-bytes: expected a positive integer, got 0"),
 ])
 def test_serve_refuses_bad_flags_in_one_line(capsys, flags, message):
-    from mnngpu.cli import main
+    from mnngpu.apps.cli import main
 
     assert main(["serve", *flags]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"

@@ -1,8 +1,8 @@
 """The benchmark model as a GGUF Q4_0 for llama.cpp, from the same HuggingFace weights as the MNN export.
 
-    python tools/make_bench_model.py --hf-out bench_models/qwen2_5_0_5b_shape_hf
+    python -m tools.make_bench_model --hf-out bench_models/qwen2_5_0_5b_shape_hf
     tools/build_llama_cpp.sh WORKDIR vulkan
-    python tools/bench_model_gguf.py bench_models/qwen2_5_0_5b_shape_hf WORKDIR
+    python -m tools.bench_model_gguf bench_models/qwen2_5_0_5b_shape_hf WORKDIR
 
 runs llama.cpp's convert_hf_to_gguf.py (from WORKDIR's unpacked sdist) to an f16 GGUF, then
 `llama-quantize --pure ... Q4_0`, writing bench_models/qwen2_5_0_5b_shape.q4_0.gguf.
@@ -16,7 +16,7 @@ its hash; the converter is told it pre-tokenizes as Qwen2's does. Only speed is 
 from __future__ import annotations
 
 import argparse
-import runpy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,18 +32,23 @@ def llama_cpp_source(workdir: Path) -> Path:
     return found[-1].parent
 
 
-def convert_to_f16(hf_dir: Path, source: Path, out: Path) -> None:
-    """convert_hf_to_gguf.py in this process, with the unknown BPE pre-tokenizer named qwen2."""
-    sys.path[:0] = [str(source), str(source / "gguf-py")]
-    import conversion
+# convert_hf_to_gguf.py with the unknown BPE pre-tokenizer named qwen2, run from the llama.cpp source
+# folder (its `conversion` package) with gguf-py importable
+PATCHED_CONVERTER = """
+import runpy
+import conversion
+conversion.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+runpy.run_path("convert_hf_to_gguf.py", run_name="__main__")
+"""
 
-    conversion.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-    saved_argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outtype", "f16", "--outfile", str(out)]
-    try:
-        runpy.run_path(str(source / "convert_hf_to_gguf.py"), run_name="__main__")
-    finally:
-        sys.argv = saved_argv
+
+def convert_to_f16(hf_dir: Path, source: Path, out: Path) -> None:
+    """convert_hf_to_gguf.py on hf_dir, writing f16 weights to out."""
+    paths = [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    subprocess.run([sys.executable, "-c", PATCHED_CONVERTER, str(hf_dir.resolve()), "--outtype", "f16",
+                    "--outfile", str(out.resolve())],
+                   cwd=source, env=env, check=True)
 
 
 def main() -> None:

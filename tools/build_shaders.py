@@ -1,14 +1,15 @@
 """Build the Vulkan kernels: shaders/vulkan/*.comp -> the shipped .spv files, plus a manifest.
 
 One GLSL source gives one or more variants, each built with its own -D defines (FP16 storage,
-weight kind, int tensors); `<source stem>_<variant>.spv` is what the backend loads.
+weight kind, int tensors), as `shaders/vulkan/variants.toml` declares them;
+`<source stem>_<variant>.spv` is what the backend loads.
 `manifest.json` records, per .spv, a hash of everything that decides its bytes (the source,
 the headers it includes, the defines and the flags) and the hash of the built file, so a
 test can tell a stale or missing .spv without a shader compiler.
 
-    python tools/build_shaders.py            # rebuild the variants whose inputs changed
-    python tools/build_shaders.py --all      # rebuild every variant
-    python tools/build_shaders.py --check    # exit 1 when a .spv is missing or stale
+    python -m tools.build_shaders            # rebuild the variants whose inputs changed
+    python -m tools.build_shaders --all      # rebuild every variant
+    python -m tools.build_shaders --check    # exit 1 when a .spv is missing or stale
 """
 
 from __future__ import annotations
@@ -20,35 +21,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders" / "vulkan"
 MANIFEST = SHADER_DIR / "manifest.json"
 FLAGS = ["--target-env=vulkan1.1", "-O"]
-FLOATS = {"f32": [], "f16": ["FP16"]}  # STORE, the KV cache's and dense weights' element type
-WEIGHTS = {"q4": ["Q4"], "q8": ["Q8"], "dense_f32": ["DENSE"], "dense_f16": ["DENSE", "FP16"]}
-# attention_mode 1 (int8 keys, values of STORE) and 2 (int8 keys and values)
-KV_INT8 = {"k8_f32": ["KEY_INT8"], "k8_f16": ["KEY_INT8", "FP16"], "kv8": ["KEY_INT8", "VALUE_INT8"]}
-LINEAR = {**WEIGHTS, **{f"{kind}_gated": defines + ["GATED"] for kind, defines in WEIGHTS.items()}}
-
-# source stem -> {variant: defines}; variant "" builds <stem>.spv
-VARIANTS: dict[str, dict[str, list[str]]] = {
-    "unary": {"": []},
-    "binary": {"f32": [], "i32": ["INT"]},
-    "cast": {"to_float": ["TO_FLOAT"], "to_int": []},
-    "copy": {"": []},
-    "layer_norm": {"": []},
-    "rope": {"": []},
-    "linear_gemv": LINEAR,
-    "linear_split": LINEAR,
-    "linear_gemm": LINEAR,
-    "kv_store": FLOATS,
-    "kv_store_int8": KV_INT8,
-    "attention": {**FLOATS, **KV_INT8},
-    "attention_rows": {**FLOATS, **KV_INT8},
-    "encoder_attention": {"": []},
-    "routing": {"softmax": ["SOFTMAX"], "top_k": ["TOP_K"], "reduce": ["REDUCE"], "expert_add": ["EXPERT_ADD"]},
-}
+# source stem -> {variant: defines}, declared beside the shaders; variant "" builds <stem>.spv
+VARIANTS: dict[str, dict[str, list[str]]] = tomllib.loads((SHADER_DIR / "variants.toml").read_text())
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 

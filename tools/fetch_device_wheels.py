@@ -6,9 +6,9 @@ every requirement they pull in that the machine's image does not already hold (D
 package list), and, with --vulkan-loader, the Debian packages of the Vulkan/EGL loader that the
 image lacks (into benchmarks/wheels/gl/). The folder is kept out of git via .git/info/exclude.
 
-    python tools/fetch_device_wheels.py                 # wheels only
-    python tools/fetch_device_wheels.py --vulkan-loader # and the loader .debs (needs apt-get)
-    python tools/fetch_device_wheels.py --compact       # wheels over 8 MiB as .tar.xz of their files
+    python -m tools.fetch_device_wheels                 # wheels only
+    python -m tools.fetch_device_wheels --vulkan-loader # and the loader .debs (needs apt-get)
+    python -m tools.fetch_device_wheels --compact       # wheels over 8 MiB as .tar.xz of their files
 
 --compact is for a transfer with a size limit: the mnn wheel's native libraries shrink from
 17.6 to 10.1 MB under xz, and device_check.sh unpacks such a tarball into its --target folder,

@@ -1,8 +1,8 @@
 """The long fuzz run: mutated real fixture files against every reader, for as many cases as asked.
 
-    python tools/fuzz.py --cases 10000                  # all reader targets, two worker processes
-    python tools/fuzz.py --cases 2000 --targets flow    # the whole folder flow (slower per case)
-    python tools/fuzz.py --replay graph:1234            # rerun one case here, with its traceback
+    python -m tools.fuzz --cases 10000                 # all reader targets, two worker processes
+    python -m tools.fuzz --cases 2000 --targets flow   # the whole folder flow (slower per case)
+    python -m tools.fuzz --replay graph:1234           # rerun one case here, with its traceback
 
 Case i goes to target i mod (number of targets) and draws its source file and mutations from a
 random stream seeded by (seed, i), so every case can be replayed exactly. The cases run in
@@ -12,7 +12,7 @@ so a segfault or a hang that the alarm cannot break is still pinned to its case.
 (an exception other than MnnGpuError, a timeout, a crash) is saved under --out as the mutated
 file plus a JSON note, and the exit status is 1 when there was any.
 
-The targets themselves are in tests/fuzz/targets.py, shared with the short suite that CI runs.
+The targets themselves are in tools/fuzz_targets.py, shared with the short suite that CI runs.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "fuzz"))
+from tools import fuzz_targets as fuzz
 
-import targets as fuzz
+REPO = Path(__file__).resolve().parent.parent
 
 CHUNK = 1000  # cases per worker process
 MEMORY_GB = 8  # per worker: a reader that tries to allocate more is a finding (MemoryError)
@@ -122,7 +121,7 @@ class Run:
         stem.with_suffix(".bin").write_bytes(data)
         note = {"case": case.label, "seed": self.seed, "source": str(case.source.relative_to(REPO)),
                 "mutations": case.mutations, "kind": kind, "message": message, "details": details,
-                "replay": f"python tools/fuzz.py --seed {self.seed} --targets {','.join(self.names)} "
+                "replay": f"python -m tools.fuzz --seed {self.seed} --targets {','.join(self.names)} "
                           f"--replay {case.label}"}
         stem.with_suffix(".json").write_text(json.dumps(note, indent=1))
         with self.results.lock:
@@ -139,9 +138,9 @@ class Run:
         end = first + count
         log = self.out / f"worker-{worker_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, __file__, "--worker", "--seed", str(self.seed), "--targets", ",".join(self.names),
-                   "--first", str(first), "--count", str(count), "--case-seconds", str(self.case_seconds),
-                   "--scratch", str(self.out / f"scratch-{worker_id}")]
+        command = [sys.executable, "-m", "tools.fuzz", "--worker", "--seed", str(self.seed),
+                   "--targets", ",".join(self.names), "--first", str(first), "--count", str(count),
+                   "--case-seconds", str(self.case_seconds), "--scratch", str(self.out / f"scratch-{worker_id}")]
         with open(log, "ab") as stderr:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=REPO)
             lines: queue.Queue = queue.Queue()

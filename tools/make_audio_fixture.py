@@ -6,7 +6,7 @@ it fails at load with `AttributeError: 'NoneType' object has no attribute 'weigh
 script checks the version first.
 
     python -m venv venv-tf4 && venv-tf4/bin/pip install "transformers==4.57.*" (plus this project's
-    torch, onnx, onnxslim, llmexport, mnn) && venv-tf4/bin/python tools/make_audio_fixture.py
+    torch, onnx, onnxslim, llmexport, mnn) && venv-tf4/bin/python -m tools.make_audio_fixture
 
 A random-weight Qwen2-Audio (2 text layers of width 64; a 1-layer audio encoder of width 32) is
 built with transformers, exported by MNN's real exporter (`llmexport`, offline, telemetry
@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-from mnn_export import (
+from tools import corpus
+from tools.mnn_export import (
     copy_model_files,
     disable_converter_telemetry,
     export_mnn,

@@ -8,9 +8,9 @@ The tokenizer is a small byte-level BPE; the model's vocab stays 151936 regardle
 above the tokenizer's range are simply never produced by encoding.
 
     pip install -e '.[fixtures]'
-    python tools/make_bench_model.py                  # about 3-5 minutes, ~3 GB of RAM at peak
-    python tools/make_bench_model.py --out /elsewhere
-    python tools/make_bench_model.py --hf-out bench_models/qwen2_5_0_5b_shape_hf   # also keep the HF folder
+    python -m tools.make_bench_model                  # about 3-5 minutes, ~3 GB of RAM at peak
+    python -m tools.make_bench_model --out /elsewhere
+    python -m tools.make_bench_model --hf-out bench_models/qwen2_5_0_5b_shape_hf   # also keep the HF folder
 
 --hf-out keeps the HuggingFace folder the export was made from, so that another engine's converter
 (llama.cpp's convert_hf_to_gguf.py, see tools/build_llama_cpp.sh) starts from the same weights.
@@ -19,14 +19,12 @@ above the tokenizer's range are simply never produced by encoding.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-from mnn_export import copy_model_files, export_mnn, folder_size, save_hf_tokenizer, train_bpe_tokenizer
+from tools import corpus
+from tools.mnn_export import copy_model_files, export_mnn, folder_size, save_hf_tokenizer, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench_models" / "qwen2_5_0_5b_shape"

@@ -6,8 +6,8 @@ MNN's own runtime does on it (tests/mnn_oracle.py, in a subprocess). The Hugging
 is committed beside the export as `hf/`, so weight tests can compare against it.
 
     pip install -e '.[fixtures,test]'
-    python tools/make_fixtures.py            # all fixtures
-    python tools/make_fixtures.py qwen3      # only the named ones
+    python -m tools.make_fixtures            # all fixtures
+    python -m tools.make_fixtures qwen3      # only the named ones
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-from mnn_export import (
+from tools import corpus
+from tools.mnn_export import (
     copy_model_files,
     disable_converter_telemetry,
     export_mnn,
@@ -171,7 +170,6 @@ def _eagle_fit_data(export_dir: Path):
     MNN's): at each position from the last prompt token on, the hidden_states output (the inputs
     of layers 2, n//2 and n-3, as llmexport taps them) and the token the model picks one position
     later."""
-    sys.path.insert(0, str(REPO))
     from mnngpu.llm import create, graph_feeds
 
     llm = create(export_dir / "config.json")

@@ -4,7 +4,7 @@ only for `model_type` mimo and poi_qwen2_mtp.
 transformers has no mimo architecture, so the HF folder carries its modelling code
 (tools/mimo_modeling.py as modeling_mimo.py; the exporter loads with trust_remote_code).
 
-    python tools/make_mtp_fixture.py OUT_DIR
+    python -m tools.make_mtp_fixture OUT_DIR
 
 llmexport 0.0.5 (and MNN's exporter source as of late 2026) loads the model and exports llm.mnn,
 then stops in MimoMtp.forward: `TypeError: Attention.forward() got an unexpected keyword argument
@@ -21,10 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import TINY_SHAPE, build_tokenizer
-from mimo_modeling import MiMoConfig, MiMoForCausalLM
-from mnn_export import copy_model_files, export_mnn
+from tools.make_fixtures import TINY_SHAPE, build_tokenizer
+from tools.mimo_modeling import MiMoConfig, MiMoForCausalLM
+from tools.mnn_export import copy_model_files, export_mnn
 
 MODELING = Path(__file__).resolve().parent / "mimo_modeling.py"
 

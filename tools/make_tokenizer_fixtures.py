@@ -1,6 +1,6 @@
 """Make the tokenizer fixtures: one small tokenizer file per MNN format, its source, and the truth.
 
-    python tools/make_tokenizer_fixtures.py [--out tests/fixtures/tokenizers] [--only NAME ...]
+    python -m tools.make_tokenizer_fixtures [--out tests/fixtures/tokenizers] [--only NAME ...]
 
 Each fixture folder holds:
   tokenizer.txt / tokenizer.mtok   the MNN-format file under test
@@ -20,31 +20,29 @@ from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
+from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from mnngpu.tokenizer.byte_level import chars_to_bytes
+from mnngpu.tokenizer.patterns import QWEN_PATTERN
+from tools.mnn_export import _package_dir, disable_converter_telemetry, save_hf_tokenizer
+from tools.mnn_tokenizer import run_mnn_tokenizer
+from tools.tokenizer_truth import source_encoder
 
-from mnn_export import _package_dir, disable_converter_telemetry, save_hf_tokenizer  # noqa: E402
-
-from mnngpu.tokenizer.byte_level import chars_to_bytes  # noqa: E402
-from mnngpu.tokenizer.patterns import QWEN_PATTERN  # noqa: E402
-
-
-def _load_test_helper(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "tokenizer" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+FIXTURE_ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers"
+FIXTURE_NAMES = sorted(p.name for p in FIXTURE_ROOT.iterdir() if (p / "reference.json").is_file())
 
 
-source_truth = _load_test_helper("source_truth")
-mnn_tokenizer = _load_test_helper("mnn_tokenizer")
+@cache
+def reference(name: str) -> dict:
+    """The recorded reference.json of fixture `name`."""
+    return json.loads((FIXTURE_ROOT / name / "reference.json").read_text(encoding="utf-8"))
+
 
 CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -99,16 +97,22 @@ def battery(specials: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------- the real exporter's writer
 
+# llmexport's tokenizer writer, run where its top-level `utils` package is importable; prints the file it wrote
+LLMEXPORT_TOKENIZER = """
+import sys
+from utils.tokenizer import LlmTokenizer
+source_dir, model_type, out_dir = sys.argv[1:]
+print(LlmTokenizer.from_pretrained(source_dir, model_type=model_type).export(out_dir))
+"""
+
+
 def export_with_llmexport(source_dir: Path, out_dir: Path, model_type: str) -> Path:
     """Run llmexport's tokenizer writer on source_dir; returns the file it wrote."""
     disable_converter_telemetry()
-    exporter_dir = str(_package_dir("llmexport")) if "utils.tokenizer" not in sys.modules else None
-    if exporter_dir:
-        sys.path.insert(0, exporter_dir)  # llmexport 0.0.5 imports its `utils` as a top-level package
-    from utils.tokenizer import LlmTokenizer
-
-    tokenizer = LlmTokenizer.from_pretrained(str(source_dir), model_type=model_type)
-    return Path(tokenizer.export(str(out_dir)))
+    done = subprocess.run([sys.executable, "-c", LLMEXPORT_TOKENIZER, str(Path(source_dir).resolve()), model_type,
+                           str(Path(out_dir).resolve())], cwd=_package_dir("llmexport"), check=True,
+                          capture_output=True, text=True)
+    return Path(done.stdout.splitlines()[-1])
 
 
 # ---------------------------------------------------------------- sources trained offline
@@ -334,9 +338,9 @@ def source_vocab_size(folder: Path, reference: dict) -> int:
 
 def record(folder: Path, reference: dict) -> dict:
     texts = battery(special_texts(folder, reference))
-    truth = source_truth.source_encoder(folder, reference["source"])
+    truth = source_encoder(folder, reference["source"])
     tokenizer_path = folder / reference["tokenizer_file"]
-    mnn = mnn_tokenizer.run_mnn_tokenizer(tokenizer_path, texts, decode_count=source_vocab_size(folder, reference))
+    mnn = run_mnn_tokenizer(tokenizer_path, texts, decode_count=source_vocab_size(folder, reference))
     reference["mnn_version"] = "3.6.1"
     reference["cases"] = [{"text": text, "source_ids": truth(text), "mnn_ids": mnn_ids}
                           for text, mnn_ids in zip(texts, mnn["ids"])]
@@ -367,7 +371,7 @@ def make_fixture(name: str, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "tokenizers")
+    parser.add_argument("--out", type=Path, default=FIXTURE_ROOT)
     parser.add_argument("--only", nargs="*", choices=sorted(FIXTURES), default=sorted(FIXTURES))
     args = parser.parse_args()
     for name in args.only:

@@ -13,8 +13,8 @@ vision runtime at precision normal / memory low, whose dynamic int8 activations 
 not reproduce). transformers >= 4.53 keeps the text model's sizes under text_config; llmexport
 reads them at the top level, as the published Qwen2-VL config.json has them, so they are copied up.
 
-    python tools/make_vision_fixture.py                   # every fixture
-    python tools/make_vision_fixture.py qwen2_5_vl_int4   # only the named ones
+    python -m tools.make_vision_fixture                   # every fixture
+    python -m tools.make_vision_fixture qwen2_5_vl_int4   # only the named ones
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-from mnn_export import (
+from tools import corpus
+from tools.mnn_export import (
     copy_model_files,
     disable_converter_telemetry,
     export_mnn,
@@ -175,7 +174,6 @@ def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) ->
     import torch
     import transformers
 
-    sys.path.insert(0, str(REPO))
     from mnngpu.format import read_net
     from mnngpu.format.quant import read_linear
     from mnngpu.format.weights import WeightFile

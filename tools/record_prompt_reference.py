@@ -1,7 +1,7 @@
 """Record MNN's rendered chat prompts for a battery of templates and messages.
 
-    python tools/record_prompt_reference.py                 # writes tests/fixtures/prompt_reference.json
-    python tools/record_prompt_reference.py --replay FILE --json-out OUT   # MNN's outputs for FILE's cases
+    python -m tools.record_prompt_reference                 # writes tests/fixtures/prompt_reference.json
+    python -m tools.record_prompt_reference --replay FILE --json-out OUT   # MNN's outputs for FILE's cases
 
 Each case is run by MNN's own runtime (`MNN.llm`, from the `mnn` wheel) on a copy of a
 fixture model whose llm_config.json, context.json and tokenizer.mtok trailer (the

@@ -1,10 +1,10 @@
-"""Rewrite the config-key table in docs/formats.md from mnngpu.config_keys (run after editing the table)."""
+"""Rewrite the config-key table in docs/formats.md from mnngpu.config.keys (run after editing the table)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mnngpu.config_keys import markdown_table
+from mnngpu.config.keys import markdown_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 START, END = "<!-- config-keys:start -->\n", "<!-- config-keys:end -->\n"

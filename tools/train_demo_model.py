@@ -6,8 +6,8 @@ BPE tokenizer, trained for a few minutes on CPU on tools/demo_corpus.py's genera
 folder lives in a temporary directory unless --keep-hf is given.
 
     pip install -e '.[fixtures,test]'
-    python tools/train_demo_model.py                 # about 4 minutes on 2 cores
-    python tools/train_demo_model.py --steps 50 --out /some/dir   # a quick trial run
+    python -m tools.train_demo_model                 # about 4 minutes on 2 cores
+    python -m tools.train_demo_model --steps 50 --out /some/dir   # a quick trial run
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import json
 import math
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo_corpus
-from mnn_export import copy_model_files, export_mnn, save_hf_tokenizer, train_bpe_tokenizer
+from tools import demo_corpus
+from tools.mnn_export import copy_model_files, export_mnn, save_hf_tokenizer, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "mnngpu" / "demo" / "model"

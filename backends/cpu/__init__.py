@@ -2,7 +2,9 @@
 
 A tensor's device buffer is a numpy array. At the end of each resize the backend lays every
 activation into one arena by lifetime (memory.py) and binds each execution to its arrays
-(execution.py), so a replayed step is one Python call into one kernel.
+(ops/base.py), so a replayed step is one Python call into one kernel. The op table is
+ops/__init__.py; the device is the thread pool (device.py); the numba kernels that several ops
+share are in kernels/.
 """
 
 from __future__ import annotations
@@ -26,20 +28,15 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
     numba.config.THREADING_LAYER = "default"
 
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor  # noqa: E402
+from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
-from mnngpu.backends.cpu.execution import ViewExecution  # noqa: E402
-from mnngpu.backends.cpu.mapped_files import MappedFiles  # noqa: E402
-from mnngpu.backends.cpu.ops.attention import CPUAttention, CPUEncoderAttention, KVCache  # noqa: E402
-from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, HostOpExecution, UnaryExecution  # noqa: E402
-from mnngpu.backends.cpu.ops.matmul import CPUConvolution, CPUGatedLinear, CPULinear, pack_linear  # noqa: E402
-from mnngpu.backends.cpu.ops.norm import CPULayerNorm  # noqa: E402
-from mnngpu.backends.cpu.ops.rope import CPURoPE  # noqa: E402
-from mnngpu.backends.cpu.threads import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
-from mnngpu.runtime.host_ops import is_pointwise, is_windowed  # noqa: E402
-from mnngpu.runtime.op_table import GATED_LINEAR, LINEAR_GROUP, OPS, ROPE  # noqa: E402
+from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
+from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
+from mnngpu.backends.cpu.ops.attention import CPUEncoderAttention, KVCache  # noqa: E402
+from mnngpu.backends.cpu.ops.linear import CPUConvolution, pack_linear  # noqa: E402
+from mnngpu.ops.linear import is_pointwise, is_windowed  # noqa: E402
+from mnngpu.runtime.planned import PlannedExecution, Recording  # noqa: E402
 
-VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity"})
 # Results up to this size are copied into an earlier download's array of the same shape once the
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.
 RECYCLED_DOWNLOAD_BYTES = 4 << 20
@@ -64,16 +61,10 @@ def _is_small_file_view(array) -> bool:
 
 class CPUBackend(Backend):
     type = "cpu"
-    fixed_shape = False
-    executions = {**{name: HostOpExecution for name, op in OPS.items() if op.host and not op.shape_only},
-                  **{op: ViewExecution for op in VIEW_OPS},
-                  "BinaryOp": BinaryExecution, "UnaryOp": UnaryExecution,
-                  "Convolution": CPULinear, LINEAR_GROUP: CPULinear, GATED_LINEAR: CPUGatedLinear,
-                  "LayerNorm": CPULayerNorm, "Attention": CPUAttention, ROPE: CPURoPE}
-
-    # False when another backend reads this one's tensors between its steps (the CPU backup
-    # of a device backend): then no two tensors share memory.
-    reuse_memory = True
+    # kv_transfer: runtime.kv.read_kv / write_kv over these caches (the prefix cache)
+    caps = Capabilities(encoder_attention=True, windowed_convolution=True, kv_int8=True, kv_transfer=True,
+                        host_weights=True)
+    executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):
         super().__init__(config, kv_meta)
@@ -83,17 +74,13 @@ class CPUBackend(Backend):
         memory.fix_mmap_threshold()
         self.workers = WorkerPool.shared(threads)
         self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
-        self.quantize_activations = config.precision == "low"   # int4 linears on int16 x (ops/lane_kernels.py)
-        self.kv_caches: dict[int, object] = {}   # layer_index -> ops.attention.KVCache
+        self.quantize_activations = config.precision == "low"   # int4 linears on int16 x (kernels/lane_kernels.py)
         # kvcache_mmap / use_mmap: those arrays live in files under tmp_path
-        self.kv_files = MappedFiles(config.tmp_path, "kv") if config.kvcache_mmap else None
-        self.weight_files = MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
-        self._recorded: list = []
-        self._scratch: dict[tuple[str, int, str], np.ndarray] = {}
+        self.kv_files = memory.MappedFiles(config.tmp_path, "kv") if config.kvcache_mmap else None
+        self.weight_files = memory.MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
+        self.recording = Recording(self._plan_buffers)
+        self._scratch_arrays: dict[tuple[str, int, str], np.ndarray] = {}
         self._downloads: dict[tuple, np.ndarray] = {}   # (shape, dtype) -> a download's array, oldest first
-
-    encoder_attention = True
-    windowed_convolution = True
 
     def onCreate(self, inputs, outputs, node):  # noqa: N802
         if node.type == "Attention" and not node.param.kv_cache:
@@ -127,18 +114,14 @@ class CPUBackend(Backend):
 
     # ---- resize: record, then plan the buffers and bind ---------------------------------------
     def onResizeBegin(self) -> None:  # noqa: N802
-        self._recorded = []
-
-    def record(self, execution) -> None:
-        """Called by each CPU execution's onResize, in run order."""
-        self._recorded.append(execution)
+        self.recording.begin()
 
     def onResizeEnd(self) -> None:  # noqa: N802
-        steps = [memory.PlannedStep(e.inputs, e.outputs, e.view_of) for e in self._recorded]
-        memory.plan(steps, reuse=self.reuse_memory and not self.config.keep_tensors)
-        for execution in self._recorded:
-            execution.bind()
-        self._recorded = []
+        self.recording.end()
+
+    def _plan_buffers(self, executions: list[PlannedExecution]) -> None:
+        steps = [memory.PlannedStep(e.inputs, e.outputs, e.view_of) for e in executions]
+        memory.plan(steps, reuse=not self.config.keep_tensors)
 
     # ---- tensors -------------------------------------------------------------------------------
     def alloc(self, tensor: Tensor) -> None:
@@ -176,34 +159,30 @@ class CPUBackend(Backend):
         return array
 
     # ---- what executions share -----------------------------------------------------------------
-    def scratch(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    def _scratch(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """A work array of `shape`, this thread's own, reused (and grown) across calls."""
         key = (name, threading.get_ident(), np.dtype(dtype).str)
         size = math.prod(shape)
-        buffer = self._scratch.get(key)
+        buffer = self._scratch_arrays.get(key)
         if buffer is None or buffer.size < size:
-            buffer = self._scratch[key] = np.empty(size, dtype=dtype)
+            buffer = self._scratch_arrays[key] = np.empty(size, dtype=dtype)
         return buffer[:size].reshape(shape)
 
-    def kv_zeros(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    def _kv_zeros(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
         """A KV cache array: in a file under tmp_path with kvcache_mmap, else in memory."""
         if self.kv_files is not None:
             return self.kv_files.zeros(shape, dtype)
         return np.zeros(shape, dtype=dtype)
 
-    # ---- the prefix cache ----------------------------------------------------------------------
-    kv_transfer = True   # Backend.read_kv / write_kv over these caches
-    kv_int8 = True
-    host_weights = True
-
+    # ---- the KV cache --------------------------------------------------------------------------
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
         """Layer `layer`'s cache, made empty when absent: int8 keys (and values) per kv_quant, in
         files with kvcache_mmap."""
         if layer not in self.kv_caches:
-            self.kv_caches[layer] = KVCache(kv_heads, head_dim, zeros=self.kv_zeros,
+            self.kv_caches[layer] = KVCache(kv_heads, head_dim, zeros=self._kv_zeros,
                                             int8_keys=self.config.kv_quant >= 1, int8_values=self.config.kv_quant == 2)
         return self.kv_caches[layer]
 
-    def parallel(self, fn, count: int) -> None:
+    def _parallel(self, fn, count: int) -> None:
         """fn(0..count-1) spread over the backend's threads (prefill tiles)."""
         self.workers.parallel(fn, count)

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mnngpu.backend import warn_once
 from mnngpu.backends.cuda import cublas
 from mnngpu.backends.cuda.cublas import CublasGemm
-from mnngpu.shaders import shader_path
-
-from mnngpu.backend import warn_once
 from mnngpu.errors import BackendUnavailableError
+from mnngpu.shaders import shader_path
 
 log = logging.getLogger("mnngpu.cuda")
 

@@ -22,15 +22,8 @@ from dataclasses import dataclass, field
 
 import pyopencl as cl
 
-from mnngpu.backend import Tensor
 from mnngpu.runtime.lifetimes import PlannedStep, lifetimes
-
-
-@dataclass
-class RecordedStep:
-    execution: object           # has .bind(); .view_of: output 0 is a view of inputs[view_of]
-    inputs: list[Tensor]
-    outputs: list[Tensor]
+from mnngpu.runtime.planned import PlannedExecution
 
 
 @dataclass
@@ -62,9 +55,9 @@ class BufferPool:
         return sum(size for size, _, _ in self.buffers)
 
 
-def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
-    """Give every tensor the steps touch a buffer (`tensor.device`), then bind each execution."""
-    found = lifetimes([PlannedStep(s.inputs, s.outputs, s.execution.view_of) for s in steps])
+def plan(steps: list[PlannedExecution], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
+    """Give every tensor the executions touch a buffer (`tensor.device`)."""
+    found = lifetimes([PlannedStep(s.inputs, s.outputs, s.view_of) for s in steps])
     dies_after = found.dies_after(key for key in found.produced if key not in pinned)
     pooled = {key for keys in dies_after.values() for key in keys}
 
@@ -83,5 +76,3 @@ def plan(steps: list[RecordedStep], pool: BufferPool, nbytes_of, make_own, pinne
             if owner.device is None:
                 owner.device = make_own(owner)
             tensor.device = owner.device
-    for step in steps:
-        step.execution.bind()

@@ -14,21 +14,21 @@ with shaderFloat16 and 16-bit storage buffers, the KV cache and unquantized weig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 import numpy as np
 
-from mnngpu.backend import Backend, BackendConfig, Node, Tensor, warn_once
+from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, warn_once
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
 from mnngpu.backends.vulkan.ops.attention import KVCache
-from mnngpu.backends.vulkan.ops.matmul import pack_linear, packable
+from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
 from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.runtime.kv import KVMeta
-from mnngpu.runtime.module_pool import PREFILL_LEN
 
 DEFAULT_MAX_TOKENS = 2048
 VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chosen by device type otherwise
@@ -36,8 +36,8 @@ VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chos
 
 class VulkanBackend(Backend):
     type = "vulkan"
-    fixed_shape = True
-    encoder_attention = True
+    # kv_int8: attention_mode 1 and 2 (ops/attention.py); storage: the KV cache's and dense weights'
+    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True)
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):
@@ -46,6 +46,7 @@ class VulkanBackend(Backend):
         self.fp16 = not config.fp32 and self.device.fp16
         self._warn_drops(config)
         self.store_dtype = np.dtype(np.float16 if self.fp16 else np.float32)  # KV cache, dense weights
+        self.caps = dataclasses.replace(type(self).caps, storage=self.store_dtype.name)
         self.max_binding_bytes = self.device.max_binding_bytes
         self.max_tokens = int(getattr(config, "max_all_tokens", None) or DEFAULT_MAX_TOKENS)
         self.variant = self._variant()
@@ -53,12 +54,12 @@ class VulkanBackend(Backend):
         self.step_arena = MemoryArena(self.device, host_visible=True)
         self.descriptors = DescriptorAllocator(self.device)
         self.command_pool = self.device.create_command_pool()
-        self.kv_caches: dict[int, KVCache] = {}
-        self.step = self.new_buffer(16, np.int32, self.step_arena)   # uint past: the kept KV length
-        self.placeholder = self.new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
-        self._scratch: dict[int, DeviceTensor] = {}
+        self.step = self._new_buffer(16, np.int32, self.step_arena)   # uint past: the kept KV length
+        self.placeholder = self._new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
+        self._scratch_tensors: dict[int, DeviceTensor] = {}
         self._segments: list[Segment] = []
         self._due: list[Segment] = []
+        self.description = f"vulkan on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
 
     def _warn_drops(self, config: BackendConfig) -> None:
         name = self.device.name
@@ -67,9 +68,6 @@ class VulkanBackend(Backend):
         if not config.fp32 and not self.device.fp16:
             warn_once(f"Vulkan device {name} lacks shaderFloat16 or 16-bit storage: precision "
                       f"'{config.precision}' runs in fp32")
-
-    def describe(self) -> str:
-        return f"vulkan on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
 
     def _variant(self) -> str:
         """Kernels for CPU devices avoid barriers and shared memory; GPUs get workgroup kernels."""
@@ -88,10 +86,6 @@ class VulkanBackend(Backend):
             pack_norm(self, node)
 
     # ---- resize -------------------------------------------------------------------------------
-    def decline(self, node, inputs, outputs):
-        reason = super().decline(node, inputs, outputs)
-        return reason if reason is not None else self.executions[node.type].decline(inputs, outputs, node)
-
     def declined(self, node, inputs):
         self._close_segment()   # the CPU backup runs this op between two submits
 
@@ -106,7 +100,7 @@ class VulkanBackend(Backend):
                 segment.record(self.device, self.command_pool, self.descriptors)
         self._segments = []
 
-    def record(self, dispatch: Dispatch) -> Segment:
+    def _record(self, dispatch: Dispatch) -> Segment:
         segment = self._segments[-1]
         segment.add(dispatch)
         return segment
@@ -123,48 +117,46 @@ class VulkanBackend(Backend):
         tensor.materialize()
 
     # ---- tensors ------------------------------------------------------------------------------
-    def new_tensor(self, tensor: Tensor) -> DeviceTensor:
+    def _new_tensor(self, tensor: Tensor) -> DeviceTensor:
         """Unbound storage for a graph tensor (memory comes at the end of the resize)."""
         dtype = np.dtype(np.float32 if np.dtype(tensor.dtype).kind == "f" else np.int32)
         return DeviceTensor(self.arena, tensor.size * dtype.itemsize, dtype)
 
-    def new_buffer(self, nbytes: int, dtype, arena: MemoryArena | None = None) -> DeviceTensor:
+    def _new_buffer(self, nbytes: int, dtype, arena: MemoryArena | None = None) -> DeviceTensor:
         tensor = DeviceTensor(arena or self.arena, nbytes, dtype)
         self._materialize(tensor)
         return tensor
 
-    def constant(self, values: np.ndarray) -> DeviceTensor:
+    def _constant(self, values: np.ndarray) -> DeviceTensor:
         """Device memory holding `values` now (weights, norms)."""
         values = np.ascontiguousarray(values)
-        tensor = self.new_buffer(values.nbytes, values.dtype)
+        tensor = self._new_buffer(values.nbytes, values.dtype)
         tensor.write(values)
         return tensor
 
-    def scratch(self, nbytes: int) -> DeviceTensor:
+    def _scratch(self, nbytes: int) -> DeviceTensor:
         """Float32 working memory shared by every dispatch that asks for this size (they run in order)."""
-        if nbytes not in self._scratch:
-            self._scratch[nbytes] = DeviceTensor(self.arena, nbytes, np.float32)
-        return self._scratch[nbytes]
-
-    kv_int8 = True   # attention_mode 1 and 2 (ops/attention.py)
-    kv_transfer = True   # the prefix cache (Backend.read_kv / write_kv over these caches)
+        if nbytes not in self._scratch_tensors:
+            self._scratch_tensors[nbytes] = DeviceTensor(self.arena, nbytes, np.float32)
+        return self._scratch_tensors[nbytes]
 
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
         cache = self.kv_caches.get(layer)
         if cache is None:
             int8 = (self.config.kv_quant >= 1, self.config.kv_quant == 2)
-            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, self.max_tokens + PREFILL_LEN, int8)
+            capacity = self.max_tokens + self.config.prefill_len
+            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, capacity, int8)
         elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
             raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
                                    field="Attention.layer_index")
         return cache
 
-    def kernel_name(self, base: str) -> str:
+    def _kernel_name(self, base: str) -> str:
         """The variant of a kernel that reads store_dtype buffers."""
         return f"{base}_{'f16' if self.fp16 else 'f32'}"
 
     def alloc(self, tensor: Tensor) -> None:
-        tensor.device = self.new_tensor(tensor)
+        tensor.device = self._new_tensor(tensor)
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         if tensor.device is None:
@@ -177,11 +169,11 @@ class VulkanBackend(Backend):
         return values.astype(tensor.dtype, copy=False).reshape(tensor.shape)
 
     # ---- run ----------------------------------------------------------------------------------
-    def enqueue(self, segment: Segment) -> None:
+    def _enqueue(self, segment: Segment) -> None:
         if segment not in self._due:
             self._due.append(segment)
 
-    def set_step(self, past: int) -> None:
+    def _set_step(self, past: int) -> None:
         self.step.write(np.array([past, 0, 0, 0], dtype=np.int32))
 
     def finish(self) -> None:
@@ -190,7 +182,7 @@ class VulkanBackend(Backend):
         if buffers:
             self.device.submit(buffers)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Free this backend's memory, descriptor sets and command buffers (kernels stay shared)."""
         if self.command_pool is None:
             return
@@ -203,7 +195,7 @@ class VulkanBackend(Backend):
 
     def __del__(self):
         with contextlib.suppress(Exception):  # at interpreter shutdown the binding may be gone already
-            self.close()
+            self._close()
 
 
 __all__ = ["VulkanBackend"]

@@ -157,7 +157,7 @@ class VulkanDevice:
         path = shader_path("vulkan", f"{name}.spv")
         if not path.exists():
             raise BackendUnavailableError(f"shader {path.name} is missing from this mnngpu install "
-                                          "(run tools/build_shaders.py in a checkout)", path=path)
+                                          "(run python -m tools.build_shaders in a checkout)", path=path)
         code = path.read_bytes()
         module = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
         slots = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,

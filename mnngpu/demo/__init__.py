@@ -17,5 +17,5 @@ def demo_model_dir() -> Path:
     config = DEMO_MODEL_DIR / "config.json"
     if not config.is_file():
         raise ConfigError("the demo model's config.json is missing; reinstall mnngpu or run "
-                          "tools/train_demo_model.py", path=config)
+                          "python -m tools.train_demo_model in a checkout", path=config)
     return DEMO_MODEL_DIR

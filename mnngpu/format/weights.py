@@ -1,11 +1,8 @@
 """llm.mnn.weight: the external weight file, memory-mapped read-only, every read bounds-checked.
 
-The graph's tables point into this file with `external` lists of int64:
-  Convolution2D (quantized):  [offset, weight_bytes, alpha_bytes, bias_bytes, sparse_index_bytes]
-  Convolution2D (float):      [offset, weight_bytes, bias_bytes]
-  LayerNorm:                  [offset, gamma_bytes, beta_bytes]
-  Blob (a constant):          [offset, bytes]
-The pieces of one entry are stored back to back from `offset`.
+The graph's tables point into this file with `external` lists of int64, [offset, bytes of each
+piece...], the pieces of one entry stored back to back from `offset`. A constant (Blob) is
+[offset, bytes]; each op family with weights says its own layout and decodes it (mnngpu/ops/).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from typing import Self
 import numpy as np
 
 from ..errors import WeightFileError
-from .params import LayerNorm
 
 
 class WeightFile:
@@ -64,27 +60,8 @@ class WeightFile:
         self.close()
 
 
-def read_layernorm(weights: WeightFile | None, ln: LayerNorm,
-                   what: str = "LayerNorm") -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(gamma, beta) as float32, from `ln.external` in the weight file or from the inline vectors.
-
-    Either is None when the op has none (an RMSNorm export still stores a zero beta).
-    """
-    if ln.external is None or len(ln.external) < 2:
-        return ln.gamma, ln.beta
-    if weights is None:
-        raise WeightFileError("a weight file: this LayerNorm keeps gamma/beta externally", field=what)
-    offset, gamma_bytes = ln.external[0], ln.external[1]
-    beta_bytes = ln.external[2] if len(ln.external) > 2 else 0
-    gamma = _float_run(weights, offset, gamma_bytes, f"{what}.external[1] (gamma)")
-    beta = _float_run(weights, offset + gamma_bytes, beta_bytes, f"{what}.external[2] (beta)")
-    if gamma is not None and beta is not None and beta.size != gamma.size:
-        raise WeightFileError(f"beta as long as gamma ({gamma.size} floats), got {beta.size}",
-                              path=weights.path, field=what)
-    return gamma, beta
-
-
-def _float_run(weights: WeightFile, offset: int, length: int, what: str) -> np.ndarray | None:
+def read_floats(weights: WeightFile, offset: int, length: int, what: str) -> np.ndarray | None:
+    """`length` bytes of float32 values at `offset` (read-only view); None when `length` is 0."""
     if length == 0:
         return None
     if length % 4:

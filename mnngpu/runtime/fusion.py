@@ -14,7 +14,7 @@ kernels sees the graph as exported. The fused node types (each named with FUSED_
   backend can evaluate them as exported when the check fails.
 
 Every fused node keeps the original nodes (`param.members` / `param.ops`), with their packed
-weights; runtime/op_table.py names the fused types and gives their shape rules.
+weights; the op family files (mnngpu/ops/) name the fused types and give their shape rules.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import Node, Tensor
-from mnngpu.runtime import host_ops, op_table
+from mnngpu.ops.movement import strided_slice
+from mnngpu.runtime import op_table
 from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.op_table import FUSED_PREFIX, GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: F401 (fusion.ROPE, ...)
 
@@ -184,8 +185,8 @@ def rope_split(node: Node, inputs: list[Tensor]) -> int | None:
     dim = x.shape[-1]
     index = np.broadcast_to(np.arange(dim, dtype=np.int32), x.shape)
     try:
-        hi = host_ops.strided_slice(p.slice_hi, [index, *(t.host for t in bounds[:p.n_hi])])
-        lo = host_ops.strided_slice(p.slice_lo, [index, *(t.host for t in bounds[p.n_hi:])])
+        hi = strided_slice(p.slice_hi, [index, *(t.host for t in bounds[:p.n_hi])])
+        lo = strided_slice(p.slice_lo, [index, *(t.host for t in bounds[p.n_hi:])])
     except (IndexError, ValueError, TypeError):
         return None
     split = lo.shape[-1] if lo.ndim == index.ndim else -1

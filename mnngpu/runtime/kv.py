@@ -1,4 +1,6 @@
-"""KVMeta: what the next forward does to every layer's KV cache, shared by all Attention ops.
+"""The KV cache: KVMeta, the KVCache protocol every backend's caches follow, and what they share.
+
+KVMeta is what the next forward does to every layer's KV cache, shared by all Attention ops.
 
 MNN's semantics: before a forward, `remove` tokens are dropped from the end of the cache,
 `reserve` lists (begin, length) pairs of the removed span to keep, and `add` new tokens are
@@ -10,8 +12,15 @@ Like MNN's, it also carries the config's `attn_scale` to every Attention op.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mnngpu.backend import Backend
+
+# layer index -> (keys, values), each float32 (kv_heads, length, head_dim)
+Layers = dict[int, tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -41,6 +50,57 @@ class KVMeta:
         """Drop the whole cache on the next forward."""
         self.remove = self.previous
         self.reserve = []
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """One Attention layer's cache on one backend (Backend.kv_cache makes it, `kv_caches` holds it).
+
+    Shapes: a backend stores keys and values as (kv_heads, capacity, head_dim) each, in its own
+    storage (float, or int8 codes beside a float32 scale per head and token); across this
+    interface they are float32 (kv_heads, length, head_dim), token 0 first. How many tokens are
+    valid is KVMeta's, not the cache's: `read` and `write` take the length.
+
+    Today a cache holds one sequence. Several sequences and the recurrent state of a linear-attention
+    layer belong here as well: a sequence axis in front of the layout above, and state read,
+    written and cleared together with the keys and values, so that `reset` still clears everything.
+    """
+
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the cache holds room for now."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage the cache holds (keys, values and their scales)."""
+
+    def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
+
+    def write(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Hold exactly these keys and values (kv_heads, length, head_dim), coded as this cache codes them."""
+
+    def apply_reserve(self, start: int, reserve: list[tuple[int, int]]) -> int:
+        """Move the kept (begin, length) spans of a removed region together behind `start`; the new end."""
+
+    def reset(self) -> None:
+        """Clear everything the cache holds (every value zero), keeping its capacity."""
+
+
+def read_kv(backend: Backend, length: int) -> Layers:
+    """Each layer's first `length` keys and values (the prefix cache's; Capabilities.kv_transfer)."""
+    backend.finish()
+    return {layer: cache.read(length) for layer, cache in sorted(backend.kv_caches.items())}
+
+
+def write_kv(backend: Backend, layers: Layers) -> None:
+    """Make each layer's cache hold exactly these keys and values (as read_kv returns them)."""
+    backend.finish()
+    for layer, (keys, values) in layers.items():
+        backend.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
 
 
 @dataclass

@@ -9,9 +9,13 @@ prefill_len, and a verify block is always verify_length ids.
 
 from __future__ import annotations
 
-from mnngpu.runtime.module import NetModule
+from typing import TYPE_CHECKING
 
-PREFILL_LEN = 100
+# NetModule only names a type here: schedule.py reads PREFILL_LEN, and module.py imports schedule.
+if TYPE_CHECKING:
+    from mnngpu.runtime.module import NetModule
+
+PREFILL_LEN = 100   # rows of a prefill chunk; schedule.py hands it to the backends (prefill_len)
 
 
 class ModulePool:

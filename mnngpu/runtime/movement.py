@@ -1,7 +1,7 @@
 """Planning data movement for device backends, from the host semantics written once.
 
-Ops that only move elements (StridedSlice, GatherV2, Concat) are planned by running
-mnngpu.runtime.host_ops on an index stand-in, an array holding each element's own flat
+Ops that only move elements (StridedSlice, GatherV2, Concat) are planned by running their host
+rules (mnngpu/ops/movement.py) on an index stand-in, an array holding each element's own flat
 index: the result tells which input element every output element is. A backend then turns
 these index maps into strided or mapped copy kernels, with the stride helpers here (the
 broadcast of a binary op's inputs, merging dims, fitting an index map with strides).
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Node, Tensor
-from mnngpu.runtime import host_ops, op_table
+from mnngpu.ops.movement import concat
+from mnngpu.runtime import op_table
 
 
 def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
@@ -84,7 +85,7 @@ def concat_destinations(node: Node, inputs: list[Tensor]) -> list[np.ndarray]:
     destinations = []
     for j, part in enumerate(inputs):
         stand_ins = absent[:j] + [index_stand_in(part.shape)] + absent[j + 1:]
-        layout = np.asarray(host_ops.concat(node, stand_ins)).reshape(-1)
+        layout = np.asarray(concat(node, stand_ins)).reshape(-1)
         positions = np.flatnonzero(layout >= 0)
         destination = np.empty(part.size, dtype=np.int64)
         destination[layout[positions]] = positions

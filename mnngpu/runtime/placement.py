@@ -1,11 +1,12 @@
 """Placement: where each op of a resize runs, decided before any Execution is made.
 
 For every op in order: an op whose inputs are all known on the host (shape arithmetic,
-constants) is folded with numpy; every other op is offered to the main backend
-(`Backend.decline`) and goes to the CPU backup when the main backend declines it, with the
-reason. Each runtime collects the decisions of all its resizes in one PlacementTable
-(node -> backend, reason): `mnngpu inspect --backend` prints it and the ready line counts its
-fallbacks. Under strict_device a fallback is a BackendUnavailableError instead.
+constants) is folded with numpy; every other op is offered to the main backend (`decline`:
+its op table, its capabilities, then its Execution's own shape and dtype limits) and goes to
+the CPU backup when the main backend declines it, with the reason. Each runtime collects the
+decisions of all its resizes in one PlacementTable (node -> backend, reason): `mnngpu inspect
+--backend` prints it and the ready line counts its fallbacks. Under strict_device a fallback is a
+BackendUnavailableError instead.
 
 The CPU backup packs the weights of each node it takes with its own `rearrange`: the main
 backend packed them into its own layout at load and dropped the raw copy.
@@ -19,7 +20,9 @@ import numpy as np
 
 from mnngpu.backend import Backend, Node, Tensor
 from mnngpu.errors import BackendUnavailableError, ModelFormatError
-from mnngpu.runtime import host_ops, op_table
+from mnngpu.ops.common import shape_stand_in
+from mnngpu.ops.linear import is_windowed
+from mnngpu.runtime import op_table
 from mnngpu.runtime.graph import GraphOp, op_errors_named
 
 HOST = "host"   # the placement of an op folded on the host at resize
@@ -106,14 +109,32 @@ def assign(ops: list[GraphOp], tensors: list[Tensor | None], backend: Backend,
 
 
 def _fold(node: Node, inputs: list[Tensor]) -> list[Tensor]:
-    values = op_table.evaluate(node, [t.host if t.host is not None else host_ops.shape_stand_in(t) for t in inputs])
+    values = op_table.evaluate(node, [t.host if t.host is not None else shape_stand_in(t) for t in inputs])
     return [Tensor(np.shape(v), np.asarray(v).dtype, name=node.name, host=np.asarray(v)) for v in values]
+
+
+def decline(backend: Backend, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
+    """Why `backend` cannot run `node` on these inputs, or None when it can."""
+    execution = backend.executions.get(node.type)
+    if execution is None:
+        return backend.caps.lacking.get(node.type, f"{node.type} is not in the {backend.type} op table")
+    return _lacking_capability(backend, node, inputs) or execution.decline(inputs, outputs, node)
+
+
+def _lacking_capability(backend: Backend, node: Node, inputs: list[Tensor]) -> str | None:
+    caps = backend.caps
+    if node.type == "Attention" and not node.param.kv_cache and not caps.encoder_attention:
+        return f"Attention without a KV cache (a vision encoder's) is not implemented on {backend.type}"
+    if node.type == "Convolution" and not caps.windowed_convolution and inputs and \
+            is_windowed(node.param.common, inputs[0].shape):
+        return f"a sliding-window Convolution (an audio encoder's) is not implemented on {backend.type}"
+    return None
 
 
 def choose(node: Node, inputs: list[Tensor], outputs: list[Tensor], backend: Backend, cpu_backup: Backend,
            strict: bool = False) -> tuple[Backend, str]:
     """The backend that runs `node`, and why the main one declined it ("" when it did not)."""
-    reason = backend.decline(node, inputs, outputs)
+    reason = decline(backend, node, inputs, outputs)
     if reason is None:
         return backend, ""
     if cpu_backup is backend:
@@ -121,7 +142,7 @@ def choose(node: Node, inputs: list[Tensor], outputs: list[Tensor], backend: Bac
     if strict:
         raise BackendUnavailableError(f"strict_device=true: op {node.name} ({node.type}) would fall back to the "
                                       f"CPU: {reason}", field="strict_device")
-    backup_reason = cpu_backup.decline(node, inputs, outputs)
+    backup_reason = decline(cpu_backup, node, inputs, outputs)
     if backup_reason is not None:
         raise ModelFormatError(f"no backend can run op type {node.type}: {reason}; {backup_reason}",
                                field=node.name)

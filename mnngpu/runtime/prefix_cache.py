@@ -27,17 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
+from mnngpu.backend import Backend
 from mnngpu.errors import CacheFileError
+from mnngpu.runtime.kv import Layers, read_kv, write_kv
 
 MAGIC = b"MNNGPUKV"
 VERSION = 1
 SUFFIX = ".kv"
 DIGEST_BYTES = 32
 _HEADER = struct.Struct("<8sII")   # magic, version, header JSON length
-
-# layer_index -> (keys, values), each float32 (kv_heads, length, head_dim)
-Layers = dict[int, tuple[np.ndarray, np.ndarray]]
-
 
 def _digest() -> hashlib.blake2b:
     return hashlib.blake2b(digest_size=DIGEST_BYTES)
@@ -101,6 +99,10 @@ class PrefixCache:
 
     # ---- reading ---------------------------------------------------------------------------
 
+    def restore(self, ids: list[int], layer_count: int, backend: Backend) -> None:
+        """Fill `backend`'s KV caches with the stored keys and values of `ids` (load's checks apply)."""
+        write_kv(backend, self.load(ids, layer_count))
+
     def load(self, ids: list[int], layer_count: int) -> Layers:
         """The stored keys and values of `ids`, for a model of `layer_count` Attention layers.
         Raises CacheFileError for a damaged or foreign file."""
@@ -145,6 +147,10 @@ class PrefixCache:
         return header
 
     # ---- writing ---------------------------------------------------------------------------
+
+    def store(self, ids: list[int], backend: Backend) -> Path:
+        """Save the keys and values `backend`'s KV caches hold for `ids` (its first len(ids) tokens)."""
+        return self.save(ids, read_kv(backend, len(ids)))
 
     def save(self, ids: list[int], layers: Layers) -> Path:
         """Write the keys and values of `ids`: to a temporary name, then renamed, so a reader never

@@ -7,6 +7,7 @@ Attention executions share, and a CPU backup backend for ops a device backend la
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, crea
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
 from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.module_pool import PREFILL_LEN
 from mnngpu.runtime.placement import PlacementTable
 
 
@@ -36,14 +38,14 @@ class RuntimeManager:
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
                                 strict_device=config.strict_device, kv_quant=_kv_quant(config),
-                                **_mapped_files(config))
+                                prefill_len=PREFILL_LEN, **_mapped_files(config))
         manager = cls(ScheduleConfig(config.backend_type, backend))
         manager.kv_meta.attn_scale = config.attn_scale or 0.0
         return manager
 
     @property
     def fixed_shape(self) -> bool:
-        return backend_class(self.schedule.backend_type).fixed_shape
+        return backend_class(self.schedule.backend_type).caps.fixed_shape
 
     def backend(self) -> Backend:
         if self._backend is None:
@@ -55,13 +57,14 @@ class RuntimeManager:
         if self.schedule.backend_type == "cpu":
             return self.backend()
         if self._cpu_backup is None:
-            self._cpu_backup = create_backend("cpu", self.schedule.backend_config, self.kv_meta)
-            self._cpu_backup.reuse_memory = False   # the device backend reads its tensors mid-run
+            # the device backend reads its tensors mid-run: no two of them may share memory
+            config = dataclasses.replace(self.schedule.backend_config, keep_tensors=True)
+            self._cpu_backup = create_backend("cpu", config, self.kv_meta)
         return self._cpu_backup
 
     def describe(self) -> str:
         """The backend and its device, e.g. "vulkan on llvmpipe (CPU)"."""
-        return self.backend().describe()
+        return self.backend().description
 
 
 def _mapped_files(config) -> dict:
@@ -89,8 +92,8 @@ def _kv_quant(config) -> int:
     quant = mode % 8
     if quant == 2 and mode < 8:
         quant = 1
-    if quant and not backend_class(config.backend_type).kv_int8:
-        have = [name for name in REGISTRY if backend_class(name).kv_int8]
+    if quant and not backend_class(config.backend_type).caps.kv_int8:
+        have = [name for name in REGISTRY if backend_class(name).caps.kv_int8]
         raise ConfigError(f"{config.attention_mode}: KV cache quantization is not implemented on the "
                           f"{config.backend_type} backend (only on {', '.join(have)}); use a multiple of 8",
                           path=config.origin("attention_mode") or config.origin("quant_qkv"), field="attention_mode")

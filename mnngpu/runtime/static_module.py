@@ -14,11 +14,11 @@ import numpy as np
 from mnngpu.backend import Node
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
-from mnngpu.format.quant import read_linear
-from mnngpu.format.weights import WeightFile, read_layernorm
+from mnngpu.format.weights import WeightFile
+from mnngpu.ops.common import DTYPES
+from mnngpu.runtime import op_table
 from mnngpu.runtime.fusion import fuse
 from mnngpu.runtime.graph import GraphOp
-from mnngpu.runtime.host_ops import DTYPES
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.session import GraphInput, Session
 
@@ -28,21 +28,14 @@ HOST_INPUTS = frozenset({"logits_index", "attention_mask"})
 
 
 def decode_weights(op, weights: WeightFile) -> dict:
-    if op.type == "Convolution":
-        return {"weight": read_linear(weights, op.param, op.name)}
-    if op.type == "LayerNorm":
-        gamma, beta = read_layernorm(weights, op.param, op.name)
-        return {"gamma": gamma, "beta": beta}
-    return {}
+    """The op's weights, decoded by its family's rule (runtime/op_table.py); {} for an op without."""
+    return op_table.decode_weights(op.type, op.param, op.name, weights)
 
 
 def weights_location(op) -> tuple | None:
     """Where an op's weights sit in the weight file (its `external` entry); None for none or inline."""
-    external = getattr(op.param, "external", None) if op.type in WEIGHT_OPS else None
+    external = getattr(op.param, "external", None) if op_table.has_weights(op.type) else None
     return (op.type, tuple(external)) if external else None
-
-
-WEIGHT_OPS = ("Convolution", "LayerNorm")
 
 
 class StaticModule:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backends.cuda.memory import BF16
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
@@ -50,7 +51,7 @@ def _vulkan(variant: str):
 
 def _cuda(storage: str):
     from mnngpu.backends.cuda import CUDABackend
-    from mnngpu.backends.cuda.storage import BF16, FP16, FP32
+    from mnngpu.backends.cuda.memory import BF16, FP16, FP32
 
     return CUDABackend(BackendConfig(precision="high"), KVMeta(), storage={"fp32": FP32, "fp16": FP16, "bf16": BF16}[storage])
 
@@ -76,35 +77,17 @@ def make(kind: str) -> Backend:
         pytest.skip(f"{backend_type} unavailable: {exc}")
 
 
-def storage_dtype(backend: Backend) -> np.dtype:
-    """The dtype float tensors are stored in (fp32, or the backend's fp16 storage)."""
-    if getattr(backend, "half", False):
-        return np.dtype(np.float16)
-    storage = getattr(backend, "storage", None)
-    return np.dtype(storage.dtype) if storage is not None else np.dtype(np.float32)
-
-
-def storage_format(backend: Backend) -> str:
-    """The float format tensors are stored in: float32, float16 or bfloat16 (which CUDA keeps as
-    raw uint16 bit patterns, so its array dtype does not name it)."""
-    storage = getattr(backend, "storage", None)
-    if storage is not None and storage.name == "bf16":
-        return "bfloat16"
-    return storage_dtype(backend).name
-
-
 def close(backend: Backend, got: np.ndarray, want: np.ndarray, fp32: float = FP32_RTOL) -> None:
-    fmt = storage_format(backend)
+    fmt = backend.caps.storage
     reference.assert_close(got, want, fp32 if fmt == "float32" else LOW_RTOL[fmt])
 
 
 def stored(backend: Backend, array: np.ndarray) -> np.ndarray:
     """float32 values the backend's storage holds exactly, so rounding never flips a comparison."""
-    storage = getattr(backend, "storage", None)
     array = np.asarray(array, dtype=np.float32)
-    if storage is not None:
-        return storage.from_storage(storage.to_storage(array))
-    return array.astype(storage_dtype(backend)).astype(np.float32)
+    if backend.caps.storage == "bfloat16":   # no numpy dtype: the high half of each float32, rounded
+        return BF16.from_storage(BF16.to_storage(array))
+    return array.astype(backend.caps.storage).astype(np.float32)
 
 
 def keep_raw_weights(node: Node) -> None:
@@ -124,7 +107,7 @@ class OneOp:
         self.outputs = [Tensor(tuple(s), np.dtype(d), "out") for s, d in op_table.infer(node, self.inputs)]
         keep_raw_weights(node)
         placement.rearrange_for(backend, node)   # at load, as static_module does
-        reason = backend.decline(node, self.inputs, self.outputs)
+        reason = placement.decline(backend, node, self.inputs, self.outputs)
         if backend.type in declined_by:
             assert reason, f"{backend.type} was expected to decline {node.type}"
             backend = _cpu()

@@ -13,7 +13,7 @@ import pytest
 
 from mnngpu.backend import BackendConfig, Node, Tensor
 from mnngpu.backends.cpu import CPUBackend
-from mnngpu.backends.cpu.ops import matmul
+from mnngpu.backends.cpu.ops import linear
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
 from mnngpu.runtime import fusion
@@ -88,10 +88,10 @@ def test_float_linear():
 
 
 def test_large_decode_gemv_runs_parallel_and_matches():
-    """Above matmul.PARALLEL_BYTES the GEMV is split over the threads; the result is the same."""
+    """Above linear.PARALLEL_BYTES the GEMV is split over the threads; the result is the same."""
     rng = np.random.default_rng(2)
     weight, dense = quantized_linear(rng, oc=4096, ic=512, bits=4, block=64, bias=True)
-    assert weight.codes.nbytes >= max(matmul.PARALLEL_BYTES.values())
+    assert weight.codes.nbytes >= max(linear.PARALLEL_BYTES.values())
     x = rng.normal(0, 1, (1, 512, 1, 1)).astype(np.float32)
     op = OneOp(make_backend(), conv_node(weight), [x])
     assert op.execution.kernel is op.execution.gemv_kernels[0]
@@ -164,7 +164,7 @@ def test_packed_weights_are_the_weight_files_own_bytes(tmp_path):
     weights = WeightFile(folder / "llm.mnn.weight")
     op = next(op for op in net.ops if op.type == "Convolution")
     decoded = read_linear(weights, op.param)
-    packed = matmul.pack_linear(decoded, op.param)
+    packed = linear.pack_linear(decoded, op.param)
     mapped = np.frombuffer(weights._map, dtype=np.uint8)
     assert packed.in_place and np.shares_memory(packed.alpha, mapped) and np.shares_memory(packed.codes, mapped)
     dense = decoded.dequantize().astype(np.float64)
@@ -205,14 +205,14 @@ def test_precision_low_repacks_int4_into_lane_groups_and_releases_the_files_page
     before = _resident_kb(mapped.ctypes.data)
     op = max((op for op in net.ops if op.type == "Convolution"), key=lambda op: read_linear(weights, op.param).codes.nbytes)
     weight = read_linear(weights, op.param)
-    packed = matmul.pack_linear(weight, op.param, lanes=True)
+    packed = linear.pack_linear(weight, op.param, lanes=True)
     assert packed.lanes and not np.shares_memory(packed.codes, mapped)
     whole_pages_kb = weight.codes.nbytes // 1024 - 8   # all but the two pages it shares at its ends
     assert before - _resident_kb(mapped.ctypes.data) >= whole_pages_kb > 0
     x = np.random.default_rng(8).normal(0, 1, (3, weight.ic, 1, 1)).astype(np.float32)
     got = run(make_backend("low"), Node("Convolution", op.name, op.param, {"weight": weight}), [x])
-    pairs = matmul._file_alpha(weight, op.param)   # the file's (min, scale), as the layer reads them
-    file_alpha = (pairs, float(matmul._code_offset(weight, pairs)))
+    pairs = linear._file_alpha(weight, op.param)   # the file's (min, scale), as the layer reads them
+    file_alpha = (pairs, float(linear._code_offset(weight, pairs)))
     close(got.reshape(3, -1), cpu_linear(x.reshape(3, -1), weight, None, "low", file_alpha), 2e-6)
 
 
@@ -220,7 +220,7 @@ def test_an_int4_layer_whose_alpha_float16_cannot_hold_keeps_the_float_path():
     rng = np.random.default_rng(12)
     weight, dense = quantized_linear(rng, 48, 128, 4, 64, bias=False)
     weight = dataclasses.replace(weight, scales=weight.scales * np.float32(1e6), zeros=weight.zeros * np.float32(1e6))
-    assert not matmul.pack_linear(weight, None, lanes=True).lanes
+    assert not linear.pack_linear(weight, None, lanes=True).lanes
     x = rng.normal(0, 1, (1, 128, 1, 1)).astype(np.float32)
     got = run(make_backend("low"), conv_node(weight), [x])
     close(got.reshape(1, -1), linear_reference(x.reshape(1, 128), dense * 1e6, None), 2e-6)
@@ -358,7 +358,7 @@ def chain_graph():
 def test_planned_buffers_share_memory_only_between_disjoint_lifetimes(reuse):
     x = np.random.default_rng(16).normal(0, 1, (3, 4)).astype(np.float32)
     backend = make_backend()
-    backend.reuse_memory = reuse
+    backend.config.keep_tensors = not reuse
     pipeline, got = run_graph(backend, chain_graph(), {}, [x], 5)
     assert np.allclose(got, -(np.exp(-x) - x), rtol=1e-6)
     assert [s.execution.node.name for s in pipeline.steps] == ["a", "b", "c", "d"]   # reshapes are views
@@ -388,7 +388,7 @@ def test_a_graph_output_that_is_an_unread_view_keeps_its_buffer_to_the_end():
 def test_vectorizable_exp_matches_numpy():
     import numba
 
-    from mnngpu.backends.cpu.ops import fastmath
+    from mnngpu.backends.cpu.kernels import fastmath
 
     @numba.njit
     def apply(x, out):

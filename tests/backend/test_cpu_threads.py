@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from mnngpu.backends.cpu.threads import WorkerPool
+from mnngpu.backends.cpu.device import WorkerPool
 
 WAIT_S = 60  # bounds on waits that end at once; nothing here is timed
 

@@ -43,9 +43,9 @@ def backend(request):
 
 
 def test_prefill_linear_in_several_weight_tiles(backend, monkeypatch):
-    from mnngpu.backends.cuda import matmul
+    from mnngpu.backends.cuda.ops import linear
 
-    monkeypatch.setattr(matmul, "TILE_ELEMENTS", 3 * 64)  # 3 rows a tile: 4 tiles for 10 rows
+    monkeypatch.setattr(linear, "TILE_ELEMENTS", 3 * 64)  # 3 rows a tile: 4 tiles for 10 rows
     weight, dense = quantized_linear(rng, 10, 64, 4, 32, bias=True)
     x = stored(backend, rng.standard_normal((6, 64, 1, 1)))
     y = run(backend, conv_node(weight), [x])
@@ -114,7 +114,7 @@ def test_attention_over_several_key_tiles(backend):
 
 
 def test_attention_cache_grows_past_its_capacity(backend):
-    backend.max_tokens = 4   # a capacity of 4 + one prefill chunk (100)
+    backend.max_tokens = 4   # a capacity of 4 (BackendConfig.prefill_len 0: no padding)
     steps = AttentionSteps(backend, heads=2, kv_heads=2, dim=8, rows=60)
     for real in (60, 60, 1):
         close(backend, *steps.step(real))
@@ -174,7 +174,7 @@ def test_decode_launches_are_captured_once_and_replayed_with_new_inputs(backend)
     q, k, v = (Tensor((1, 1, heads, dim), np.dtype(np.float32)) for _ in range(3))
     for j, part in enumerate((q, k, v)):
         place(Node("StridedSlice", "split", SimpleNamespace(fromType=1)),
-              [Tensor((1, 1, heads, 3 * dim), np.dtype(np.float32), device=backend.buffer(qkv)),
+              [Tensor((1, 1, heads, 3 * dim), np.dtype(np.float32), device=backend._buffer(qkv)),
                Tensor((1,), np.dtype(np.int32), host=np.int32([j * dim])),
                Tensor((1,), np.dtype(np.int32), host=np.int32([(j + 1) * dim])),
                Tensor((1,), np.dtype(np.int32), host=np.int32([3])), Tensor((1,), np.dtype(np.int32), host=np.int32([1]))],
@@ -217,10 +217,10 @@ def test_prefill_linear_is_captured_and_replayed_with_new_inputs(backend, monkey
     """The prefill GEMM (weight tiles dequantized into scratch, cuBLAS through ctypes into scratch)
     goes into the graph from the second run on, with one weight tile or several; each run reads
     its own input."""
-    from mnngpu.backends.cuda import matmul
+    from mnngpu.backends.cuda.ops import linear
 
     if tile_elements:
-        monkeypatch.setattr(matmul, "TILE_ELEMENTS", tile_elements)  # 3 rows a tile: 4 tiles for 10 rows
+        monkeypatch.setattr(linear, "TILE_ELEMENTS", tile_elements)  # 3 rows a tile: 4 tiles for 10 rows
     weight, dense = quantized_linear(rng, 10, 64, 4, 32, bias=True)
     op = OneOp(backend, conv_node(weight), [np.zeros((5, 64, 1, 1), np.float32)])
     recording = backend.graphs.recordings[-1]

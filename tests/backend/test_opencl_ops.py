@@ -181,7 +181,7 @@ def test_one_resize_per_module_and_only_inputs_and_logits_move():
         assert len(module.session.pipelines) <= 1
         for pipeline, _ in module.session.pipelines.values():
             assert all(pipeline.backend_of(t) is backend for s in pipeline.steps for t in s.outputs)
-            activation_bytes += sum(backend.nbytes(t) for s in pipeline.steps for t in s.outputs
+            activation_bytes += sum(backend._nbytes(t) for s in pipeline.steps for t in s.outputs
                                     if getattr(s.execution, "view_of", None) is None)
     assert backend.pool.nbytes < activation_bytes / 2  # buffers are reused by lifetime
 

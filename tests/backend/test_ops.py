@@ -12,7 +12,9 @@ from mnngpu.backend import Node
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime import fusion, host_ops
+from mnngpu.ops.pooling import pooling
+from mnngpu.runtime import fusion
+from mnngpu.runtime.graph import GraphOp
 from tests import reference
 from tests.backend.harness import (
     KINDS,
@@ -24,6 +26,7 @@ from tests.backend.harness import (
     make,
     quantized_linear,
     run,
+    run_graph,
     stored,
 )
 
@@ -368,12 +371,12 @@ def test_pooling(backend, pool_type, shape, kernel, stride):
 def test_padded_pooling_is_refused():
     node = Node("Pooling", "pool", P.Pool(type="AVEPOOL", kernelY=2, kernelX=2, strideY=1, strideX=1, pads=[1, 1]))
     with pytest.raises(ModelFormatError, match="unpadded"):
-        host_ops.pooling(node, [np.zeros((1, 1, 4, 4), np.float32)])
+        pooling(node, [np.zeros((1, 1, 4, 4), np.float32)])
 
 
 # ---- data movement ------------------------------------------------------------------------------------------
 
-HOST_MOVEMENT = ("opencl", "vulkan", "cuda")   # the vision graphs' movement ops run on the CPU (host_ops.py)
+HOST_MOVEMENT = ("opencl", "vulkan", "cuda")   # the vision graphs' movement ops run on the CPU (mnngpu/ops/)
 
 
 def test_slice_tf_transpose_permute(backend):
@@ -475,6 +478,31 @@ def test_concat(backend, axis, shapes_in, dtype):
     arrays = [rng.integers(-50, 50, s).astype(dtype) for s in shapes_in]
     got = run(backend, Node("Concat", "c", P.Axis(axis=axis)), arrays)
     assert got.dtype == dtype and np.array_equal(got, np.concatenate(arrays, axis=axis))
+
+
+# ---- Fill: a tensor of the shape input 0 gives, every element the value of input 1 ------------------------
+
+NO_FILL_KERNEL = ("opencl", "vulkan", "cuda")   # a Fill the host cannot fold runs on the CPU
+
+
+@pytest.mark.parametrize("dims, dtype", [([2, 3, 4], np.float32), ([5], np.int32), ([3, 0], np.float32)])
+def test_fill_of_a_device_value(backend, dims, dtype):
+    value = np.array([7], dtype=dtype) if dtype == np.int32 else stored(backend, np.array([-2.5]))
+    node = Node("Fill", "f", P.Fill())
+    got = run(backend, node, [np.array(dims, np.int32), value], host=(0,), declined_by=NO_FILL_KERNEL)
+    want = np.full(dims, value[0])
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_fill_of_a_shape_and_a_constant_is_folded(backend):
+    """LFM2's pattern: Fill(Shape(x), constant) is known at resize, so every backend folds it on the
+    host and the op reading it gets a constant."""
+    x = stored(backend, np.random.default_rng(12).normal(size=(2, 3, 4)))
+    ops = [GraphOp(Node("Shape", "s"), [0], [2]), GraphOp(Node("Fill", "f"), [2, 1], [3]),
+           GraphOp(Node("BinaryOp", "add", P.BinaryOp(opType="ADD")), [0, 3], [4])]
+    pipeline, got = run_graph(backend, ops, {1: np.array(0.5, np.float32)}, [x], 4)
+    assert [a.backend for a in pipeline.assignments[:2]] == [None, None]
+    close(backend, got, x + np.full(x.shape, 0.5))
 
 
 # ---- the fused rotate-half ---------------------------------------------------------------------------------

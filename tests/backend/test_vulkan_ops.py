@@ -153,7 +153,7 @@ def test_attention_at_precision_low(vulkan, variant, heads, kv_heads, dim, scale
 
 
 def test_attention_beyond_the_cache_is_an_input_error(vulkan):
-    backend = make_backend(vulkan, max_tokens=4)   # capacity 4 + one prefill chunk
+    backend = make_backend(vulkan, max_tokens=4)   # capacity 4 (BackendConfig.prefill_len 0: no padding)
     backend.kv_meta.previous = backend.max_tokens + 100
     inputs = attention_inputs(np.random.default_rng(0), 1, 2, 1, 16)
     with pytest.raises(InputError, match="max_all_tokens"):

@@ -25,7 +25,7 @@ def test_low_precision_logits_stay_close_to_mnn(fp16_device, name):
     model = mnngpu_llm.create(FIXTURES / name)
     model.set_config({"backend_type": "vulkan", "precision": "low", "thread_num": 2})
     model.load()
-    assert model.runtime.backend().store_dtype == np.float16
+    assert model.runtime.backend().caps.storage == "float16"
     for k, prompt in enumerate(ref["prompts"]):
         model.reset()
         logits = np.asarray(model.forward(prompt["ids"]))[0, -1]

@@ -17,8 +17,8 @@ import json
 import numpy as np
 import pytest
 
-from mnngpu.audio import read_wav, whisper_features
 from mnngpu.omni import Omni
+from mnngpu.omni.audio import read_wav, whisper_features
 from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES, load_multimodal
 

@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))  # make_fixtures and mnn_export: the fixture tooling
 SEEDS = [11, 23, 37, 41]
 
 
 def draw_spec(seed: int):
-    from make_fixtures import FixtureSpec
+    from tools.make_fixtures import FixtureSpec
 
     rng = random.Random(seed)
     family = rng.choice(["qwen2", "qwen3", "llama"])
@@ -50,8 +49,8 @@ def exported(seed: int, root: str) -> tuple[Path, dict, np.ndarray]:
 
     if importlib.util.find_spec("llmexport") is None:
         pytest.skip("llmexport is not installed (pip install -e '.[fixtures]')")
-    import make_fixtures
-    from mnn_export import export_mnn
+    from tools import make_fixtures
+    from tools.mnn_export import export_mnn
 
     spec = draw_spec(seed)
     base = Path(root) / spec.name

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from mnngpu.omni import Omni
-from mnngpu.vision import read_image
+from mnngpu.omni.vision import read_image
 from tests.conformance.test_fixture_models import greedy
 from tests.conftest import FIXTURES, load_multimodal
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-import fb_writer as fbw
 import flatbuffers
 import numpy as np
 import pytest
-from format_truth import (
+
+from mnngpu.format import Net, UnknownParam, parse_net, read_net
+from mnngpu.format.params import Blob
+from tests.format import fb_writer as fbw
+from tests.format.format_truth import (
     FIXTURE_NAMES,
     fixture_dir,
     json_to_mnn,
@@ -17,9 +20,6 @@ from format_truth import (
     needs_fixtures,
     reference,
 )
-
-from mnngpu.format import Net, UnknownParam, parse_net, read_net
-from mnngpu.format.params import Blob
 
 
 def assert_net_matches_json(net: Net, dump: dict) -> None:

@@ -6,9 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, linears_per_layer, needs_fixtures, reference
 
-from mnngpu.inspect import format_inspect_table, inspect_model
+from mnngpu.apps.inspect import format_inspect_table, inspect_model
+from tests.format.format_truth import (
+    FIXTURE_NAMES,
+    fixture_dir,
+    hf_config,
+    linears_per_layer,
+    needs_fixtures,
+    reference,
+)
 
 
 def export_arg(args: list[str], flag: str, default):

@@ -7,18 +7,18 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import fb_writer as fbw
 import flatbuffers
 import pytest
-from format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
 
+from mnngpu.apps.cli import main
+from mnngpu.apps.inspect import format_inspect_table, inspect_model
 from mnngpu.backend import REGISTRY, backend_class
-from mnngpu.cli import main
 from mnngpu.config import LlmConfig
 from mnngpu.errors import BackendUnavailableError, ConfigError
 from mnngpu.format.enums import OP_TYPE
-from mnngpu.inspect import format_inspect_table, inspect_model
 from mnngpu.runtime import op_table
+from tests.format import fb_writer as fbw
+from tests.format.format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
 
 TYPE_CODE = {name: code for code, name in OP_TYPE.items()}
 

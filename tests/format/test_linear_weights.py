@@ -12,7 +12,13 @@ import json
 
 import numpy as np
 import pytest
-from format_truth import (
+
+from mnngpu.format import read_net
+from mnngpu.format.quant import read_linear
+from mnngpu.format.rows import QuantizedRows, read_quantized_rows
+from mnngpu.format.weights import WeightFile
+from mnngpu.ops.norm import read_layernorm
+from tests.format.format_truth import (
     FIXTURE_NAMES,
     fixture_dir,
     hf_config,
@@ -22,11 +28,6 @@ from format_truth import (
     linears_per_layer,
     needs_fixtures,
 )
-
-from mnngpu.format import read_net
-from mnngpu.format.quant import read_linear
-from mnngpu.format.rows import QuantizedRows, read_quantized_rows
-from mnngpu.format.weights import WeightFile, read_layernorm
 
 
 def mnn_weight(blob: bytes, alpha: np.ndarray, oc: int, ic: int, shape_int32: bool, asymmetric: bool):

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 
-import fb_writer as fbw
 import flatbuffers
 import numpy as np
 import pytest
-from format_truth import FIXTURE_NAMES, fixture_dir, needs_fixtures
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mnngpu.errors import ModelFormatError, WeightFileError
 from mnngpu.format import parse_net, read_net
 from mnngpu.format.quant import read_linear
-from mnngpu.format.weights import WeightFile, read_layernorm
+from mnngpu.format.weights import WeightFile
+from mnngpu.ops.norm import read_layernorm
+from tests.format import fb_writer as fbw
+from tests.format.format_truth import FIXTURE_NAMES, fixture_dir, needs_fixtures
 
 FIXTURE = FIXTURE_NAMES[0] if FIXTURE_NAMES else None
 

@@ -3,7 +3,6 @@ graph using it, naming the op, instead of letting it reach a kernel."""
 
 from __future__ import annotations
 
-import fb_writer as fbw
 import flatbuffers
 import pytest
 
@@ -11,7 +10,8 @@ from mnngpu.errors import ModelFormatError
 from mnngpu.format import parse_net
 from mnngpu.format.enums import OP_TYPE
 from mnngpu.runtime import fusion
-from mnngpu.validate import check_graph, runnable_op_types
+from mnngpu.runtime.validate import check_graph, runnable_op_types
+from tests.format import fb_writer as fbw
 
 ROPE_TYPE = next(code for code, name in OP_TYPE.items() if name == "RoPE")
 

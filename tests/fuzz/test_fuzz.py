@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from targets import DEFAULT_TARGETS, mutate, run_case, targets, time_limit
+
+from tools.fuzz_targets import DEFAULT_TARGETS, mutate, run_case, targets, time_limit
 
 CASE_SECONDS = 30
 # Examples per target, sized so the whole file takes about a minute on two busy cores.

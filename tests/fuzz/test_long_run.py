@@ -1,4 +1,4 @@
-"""tools/fuzz.py itself: every kind of misbehaving case is caught, pinned to its case and saved.
+"""tools/fuzz.py (the long run) itself: every kind of misbehaving case is caught, pinned to its case and saved.
 
 The `selftest` target misbehaves on purpose, each case in the way its bytes pick: it accepts,
 rejects, raises a foreign exception, hangs in Python, segfaults, or blocks the alarm and hangs.
@@ -11,21 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from targets import mutate, self_test_behaviour, source_bytes
+from tools import fuzz as long_run
+from tools.fuzz_targets import mutate, self_test_behaviour, source_bytes
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-
-import fuzz as long_run
 
 CASES = 11  # seed 0 gives every behaviour among the first 11 cases, the slow "stuck" one once
 FINDING_KIND = {"error": "ValueError", "python hang": "CaseTimeout", "segfault": "crash", "stuck": "hang"}
 
 
 def test_every_misbehaviour_is_found_and_saved(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "fuzz.py"), "--cases", str(CASES), "--targets",
+    result = subprocess.run([sys.executable, "-m", "tools.fuzz", "--cases", str(CASES), "--targets",
                              "selftest", "--case-seconds", "1", "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=600, check=False)
+                            capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
     behaviours = {}
     for number in range(CASES):
         case = long_run.plan(number, ["selftest"], seed=0)

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from folders import (
+from mnngpu.errors import ConfigError, InputError, ModelFormatError, TokenizerError, WeightFileError
+from mnngpu.format import read_net
+from tests.robustness.folders import (
     CONVOLUTION,
     MODELS,
     OP_INPUTS,
@@ -28,9 +30,6 @@ from folders import (
     subgraph_tables,
     vector_at,
 )
-
-from mnngpu.errors import ConfigError, InputError, ModelFormatError, TokenizerError, WeightFileError
-from mnngpu.format import read_net
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from folders import first_failure, model_copy, untouched
 
 from mnngpu import llm
 from mnngpu.errors import (
@@ -20,6 +19,7 @@ from mnngpu.errors import (
     TokenizerError,
     WeightFileError,
 )
+from tests.robustness.folders import first_failure, model_copy, untouched
 
 MODEL = "qwen2_int4_b64"
 VOCAB = 480  # the fixture's lm_head rows (tests/fixtures/models/*/hf/config.json: vocab_size)

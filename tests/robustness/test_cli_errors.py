@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from damages import every_model_damages
-from folders import TEXT, assert_one_error_line, model_copy, run_cli, untouched
 
-from mnngpu import cli
+from mnngpu.apps import cli
+from tests.robustness.damages import every_model_damages
+from tests.robustness.folders import TEXT, assert_one_error_line, model_copy, run_cli, untouched
 
 MODEL = "qwen2_int4_b64"
 # damage name -> whether `mnngpu inspect` reads the damaged part too (it reads neither tokenizer nor embedding)
@@ -103,13 +103,13 @@ def _raising(error: BaseException):
 
 
 def test_ctrl_c_is_one_line(monkeypatch, capsys):
-    monkeypatch.setattr("mnngpu.commands.inspect.run", _raising(KeyboardInterrupt()))
+    monkeypatch.setattr("mnngpu.apps.commands.inspect.run", _raising(KeyboardInterrupt()))
     assert cli.main(["inspect", "any"]) == 130
     assert capsys.readouterr().err == "error: interrupted\n"
 
 
 def test_a_bug_is_one_line_unless_debugging(monkeypatch, capsys):
-    monkeypatch.setattr("mnngpu.commands.inspect.run", _raising(RuntimeError("boom\nsecond line")))
+    monkeypatch.setattr("mnngpu.apps.commands.inspect.run", _raising(RuntimeError("boom\nsecond line")))
     assert cli.main(["inspect", "any"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: internal error: RuntimeError: boom second line")

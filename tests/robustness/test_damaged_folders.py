@@ -9,8 +9,9 @@ the test; and the folder must end byte for byte as it was.
 from __future__ import annotations
 
 import pytest
-from damages import Damage, every_model_damages, specific_damages, tokenizer_format_damages
-from folders import MODEL_NAMES, first_failure, model_copy, untouched
+
+from tests.robustness.damages import Damage, every_model_damages, specific_damages, tokenizer_format_damages
+from tests.robustness.folders import MODEL_NAMES, first_failure, model_copy, untouched
 
 CASES = [pytest.param(model, damage, id=f"{model}-{damage}") for model in MODEL_NAMES
          for damage in every_model_damages(model)]

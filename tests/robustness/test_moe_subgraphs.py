@@ -4,10 +4,10 @@ names llm.mnn and the subgraph (the catalogue in damages.py runs the whole flow 
 from __future__ import annotations
 
 import pytest
-from damages import specific_damages
-from folders import first_failure, model_copy, untouched
 
 from mnngpu.errors import ModelFormatError
+from tests.robustness.damages import specific_damages
+from tests.robustness.folders import first_failure, model_copy, untouched
 
 MOE_DAMAGES = {damage.name: damage for model, damage in specific_damages() if model == "qwen3_moe_int4_b64"}
 

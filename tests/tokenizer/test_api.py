@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenizer_fixtures import FIXTURE_NAMES, reference, tokenizer
+from tests.tokenizer.tokenizer_fixtures import tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_NAMES, reference
 
 
 def header_ids(name: str) -> tuple[list[int], list[int], list[int]]:

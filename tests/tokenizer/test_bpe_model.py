@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizer_fixtures import tokenizer
 from tokenizers import Tokenizer as HfTokenizer
 
 from mnngpu.tokenizer.bpe_model import BpeWords
 from mnngpu.tokenizer.fast_encoder import LibraryWords
 from mnngpu.tokenizer.normalize_steps import code_points
+from tests.tokenizer.tokenizer_fixtures import tokenizer
 
 MODELS = {
     "byte level": ("tiktoken", {}, True),

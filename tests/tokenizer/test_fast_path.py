@@ -10,11 +10,12 @@ from functools import cache
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizer_fixtures import FIXTURE_NAMES, tokenizer
 from tokenizers import Tokenizer as HfTokenizer
 
 from mnngpu.tokenizer import split_scanners as scan
 from mnngpu.tokenizer.fast_encoder import FastEncoder
+from tests.tokenizer.tokenizer_fixtures import tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_NAMES
 
 FAST = ["bert", "huggingface", "mtok_bert", "mtok_qwen", "sentencepiece", "tiktoken"]
 # Spaces and controls, letters with and without case, accents composed and not, CJK (also a

@@ -8,18 +8,11 @@ import warnings
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
 
-from tokenizer_fixtures import (
-    FIXTURE_NAMES,
-    MNN_DECODE_NUL,
-    encodes_as_source,
-    lossless_text,
-    reference,
-    tokenizer,
-)
-
 from mnngpu.tokenizer import Tokenizer
 from mnngpu.tokenizer.header import TokenizerHeader
 from mnngpu.tokenizer.unigram_lattice import UnigramLattice
+from tests.tokenizer.tokenizer_fixtures import MNN_DECODE_NUL, encodes_as_source, lossless_text, tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_NAMES, reference
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)

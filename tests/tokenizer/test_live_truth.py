@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mnn_tokenizer import mnn_available, run_mnn_tokenizer
 from mnngpu.tokenizer import load_tokenizer
-from source_truth import SOURCE_MODULES, source_encoder
-from tokenizer_fixtures import FIXTURE_NAMES, FIXTURE_ROOT, MODEL_FIXTURES, encodes_as_source, reference, tokenizer
+from tests.tokenizer.tokenizer_fixtures import MODEL_FIXTURES, encodes_as_source, tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_NAMES, FIXTURE_ROOT, reference
+from tools.mnn_tokenizer import mnn_available, run_mnn_tokenizer
+from tools.tokenizer_truth import SOURCE_MODULES, source_encoder
 
 
 def installed(module: str) -> bool:

@@ -10,7 +10,8 @@ import pytest
 
 from mnngpu.errors import TokenizerError
 from mnngpu.tokenizer import load_tokenizer
-from tokenizer_fixtures import FIXTURE_ROOT, tokenizer
+from tests.tokenizer.tokenizer_fixtures import tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_ROOT
 
 
 def copy_fixture(name: str, file: str, folder, as_name: str | None = None):

@@ -8,18 +8,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from mnngpu.tokenizer import Tokenizer, load_tokenizer
+from tools.make_tokenizer_fixtures import FIXTURE_ROOT, reference
 
-FIXTURE_ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizers"
-FIXTURE_NAMES = sorted(p.name for p in FIXTURE_ROOT.iterdir() if (p / "reference.json").is_file())
 MODEL_FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "models").glob("*/tokenizer.mtok"))
 
 # MNN's Python binding returns a token's text through a C string, so the NUL byte comes back empty.
 MNN_DECODE_NUL = b"\x00"
-
-
-@lru_cache(maxsize=None)
-def reference(name: str) -> dict:
-    return json.loads((FIXTURE_ROOT / name / "reference.json").read_text(encoding="utf-8"))
 
 
 @lru_cache(maxsize=None)

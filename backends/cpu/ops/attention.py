@@ -16,9 +16,9 @@ import numba
 import numpy as np
 
 from mnngpu import jit
-from mnngpu.backends.cpu.execution import CPUExecution
-from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.backends.cpu.ops.intrinsics import ROW_CHUNK, key_scores, weighted_rows
+from mnngpu.backends.cpu.kernels import fastmath
+from mnngpu.backends.cpu.kernels.intrinsics import ROW_CHUNK, key_scores, weighted_rows
+from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
@@ -37,7 +37,7 @@ def _zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
 
 
 class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim), grown by half.
+    """One layer's keys and values (a runtime.kv.KVCache): (kv_heads, capacity, head_dim), grown by half.
 
     float32, or with `int8_keys` / `int8_values` (attention_mode 1 and 2, as MNN numbers them)
     int8 codes beside a float32 scale per head and token (`k_scale`, `v_scale`; all ones for a
@@ -73,8 +73,27 @@ class KVCache:
         return self._ones, self._ones
 
     @property
+    def kv_heads(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.k, self.v, self.k_scale, self.v_scale) if a is not None)
+
+    def reset(self) -> None:
+        for name, int8 in (("k", self.int8[0]), ("v", self.int8[1])):
+            getattr(self, name)[...] = 0
+            scales = getattr(self, name + "_scale")
+            if scales is not None:
+                scales[...] = 0.0 if int8 else 1.0
 
     def ensure(self, length: int) -> None:
         capacity = grown_capacity(self.k.shape[1], length, KV_STEP)
@@ -337,7 +356,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
 
 
 class CPUAttention(CPUExecution):
-    def prepare(self, inputs, outputs):
+    def plan(self, inputs, outputs):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.kv_heads = inputs[1].shape[2]
         self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
@@ -362,7 +381,8 @@ class CPUAttention(CPUExecution):
         cache.store(past, self.k_new, self.v_new)
         if self.seq <= ROWS_KERNEL_MAX:
             if self.scores is None or self.scores.shape[2] < past + self.seq:   # grown with the cache only
-                self.scores = self.backend.scratch("attention_scores", (self.seq, self.heads, cache.k.shape[1]))
+                shape = (self.seq, self.heads, cache.k.shape[1])
+                self.scores = self.backend._scratch("attention_scores", shape)
             key_scale, value_scale = cache.scales()
             args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, self.scores,
                     self.out)
@@ -372,7 +392,7 @@ class CPUAttention(CPUExecution):
             self.attend_rows(*args)
         else:
             keys, values = cache.floats(past + self.seq)
-            attend(self.q, keys, values, past, self.scale, self.out, self.backend.parallel, self.window)
+            attend(self.q, keys, values, past, self.scale, self.out, self.backend._parallel, self.window)
 
     def _cache(self) -> KVCache:
         return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)
@@ -398,7 +418,7 @@ class CPUEncoderAttention(CPUExecution):
     """An Attention op without a KV cache (kv_cache false: a vision encoder's): the mask input,
     [1, seq, seq] or [1, 1, seq, seq] floats, is added to the scores."""
 
-    def prepare(self, inputs, outputs):
+    def plan(self, inputs, outputs):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.scale = np.float32(attention_scale(self.node.param.attnScale, self.dim, self.backend.kv_meta))
 

@@ -1,8 +1,8 @@
-"""Elementwise and data-movement ops on the CPU, writing into their planned output buffers.
+"""BinaryOp and UnaryOp on the CPU, writing into their planned output buffers.
 
-The common float BinaryOps and UnaryOps call a numpy ufunc with `out=`; every other op (Cast,
-Concat, StridedSlice, Gather, the rarer Binary/Unary types) evaluates the shared numpy
-semantics of runtime/host_ops and copies the result into its buffer.
+The common float BinaryOps and UnaryOps call a numpy ufunc with `out=` (MUL_SILU a numba kernel);
+the rarer types fall back to their host rule (mnngpu/ops/elementwise.py), as every other op
+without a kernel here does (ops/base.py's HostOpExecution).
 """
 
 from __future__ import annotations
@@ -10,29 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu import jit
-from mnngpu.backends.cpu.execution import CPUExecution
-from mnngpu.backends.cpu.ops import fastmath
-from mnngpu.runtime import op_table
+from mnngpu.backends.cpu.kernels import fastmath
+from mnngpu.backends.cpu.ops.base import HostOpExecution
 
 UFUNCS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
           "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
 UNARY_UFUNCS = {"NEG": np.negative, "COS": np.cos, "SIN": np.sin, "EXP": np.exp, "SQRT": np.sqrt,
                 "ABS": np.abs, "TANH": np.tanh, "SQUARE": np.square}
-
-
-
-
-class HostOpExecution(CPUExecution):
-    """Any op of host_ops on activations: evaluate, then copy into the output buffer."""
-
-    def bind(self):
-        self.args = [self.value(t) for t in self.inputs]
-        self.out = self.outputs[0].device
-        self.outs = [t.device for t in self.outputs]
-
-    def onExecute(self, inputs, outputs):  # noqa: N802
-        for out, result in zip(self.outs, op_table.evaluate(self.node, self.args)):
-            np.copyto(out, result, casting="unsafe")
 
 
 class BinaryExecution(HostOpExecution):

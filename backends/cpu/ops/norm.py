@@ -6,7 +6,7 @@ import numba
 import numpy as np
 
 from mnngpu import jit
-from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops.base import CPUExecution
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -62,7 +62,7 @@ def layer_norm(x: np.ndarray, gamma, beta, eps: float, rms: bool, axes: int) -> 
 
 
 class CPULayerNorm(CPUExecution):
-    def prepare(self, inputs, outputs):
+    def plan(self, inputs, outputs):
         p = self.node.param
         axes = len(p.axis) if getattr(p, "axis", None) else 1
         shape = inputs[0].shape

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from mnngpu import jit
-from mnngpu.backends.cpu.execution import CPUExecution
+from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.runtime.fusion import evaluate_rope_ops, rope_split
 
 
@@ -36,7 +36,7 @@ def rope_rotate_half_numpy(x, cos, sin, split, out):
 
 
 class CPURoPE(CPUExecution):
-    def prepare(self, inputs, outputs):
+    def plan(self, inputs, outputs):
         x, cos, sin = inputs[:3]
         self.split = rope_split(self.node, inputs)
         if len(x.shape) != 4 or x.shape[0] != 1:

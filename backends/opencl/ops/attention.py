@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.backends.opencl.ops.base import KernelExecution
 from mnngpu.runtime.attention_mask import key_window
 from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 
@@ -23,13 +23,14 @@ ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
 
 class DeviceKVCache:
-    """One layer's keys and values: real_t [kv_heads, capacity, head_dim] each, or int8 codes
-    with a float scale per [kv_heads, capacity] row (`int8`: keys, values; attention_mode 1, 2)."""
+    """One layer's keys and values (a runtime.kv.KVCache): real_t [kv_heads, capacity, head_dim]
+    each, or int8 codes with a float scale per [kv_heads, capacity] row (`int8`: keys, values;
+    attention_mode 1, 2)."""
 
     def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int, int8: tuple[bool, bool] = (False, False)):
         self.backend = backend
         self.kv_heads, self.head_dim, self.capacity, self.int8 = kv_heads, head_dim, capacity, int8
-        real = backend.itemsize_of(np.float32)
+        real = backend._itemsize_of(np.float32)
         # (attribute, bytes per [head, token] row); scales only where quantized
         self.parts = [("k", head_dim * (1 if int8[0] else real)), ("v", head_dim * (1 if int8[1] else real))]
         self.parts += [(name, 4) for name, quantized in (("k_scale", int8[0]), ("v_scale", int8[1])) if quantized]
@@ -39,6 +40,15 @@ class DeviceKVCache:
             if not quantized:
                 setattr(self, name, backend.placeholder)
         self.version = 0  # bumped when the buffers are replaced, so kernels bind the new ones
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.kv_heads * self.capacity * row_bytes for _, row_bytes in self.parts)
+
+    def reset(self) -> None:
+        for name, row_bytes in self.parts:
+            cl.enqueue_fill_buffer(self.backend.queue, getattr(self, name), np.uint8(0), 0,
+                                   self.kv_heads * self.capacity * row_bytes)
 
     def ensure(self, length: int) -> None:
         """Room for `length` tokens (runtime.kv.grown_capacity)."""
@@ -161,7 +171,7 @@ class AttentionExecution(KernelExecution):
         self.cache.ensure(past + self.seq)
         if self.cache.version != self.bound_version:
             self._bind_cache()
-        self.backend.set_kv_length(past)
+        self.backend._set_kv_length(past)
         super().onExecute(inputs, outputs)
 
 
@@ -181,6 +191,12 @@ class EncoderAttentionExecution(KernelExecution):
         self.prepare("attention.cl", "encoder_attention", args, (heads, seq), (1, 1), {"HEAD_DIM": dim})
 
 
-def attention_execution(backend, node) -> KernelExecution:
-    """The Execution for an Attention node: with the KV cache (an LLM's), or an encoder's."""
-    return (AttentionExecution if node.param.kv_cache else EncoderAttentionExecution)(backend, node)
+class AttentionOp:
+    """The op table's Attention entry: with the KV cache (an LLM's), or an encoder's."""
+
+    @classmethod
+    def decline(cls, inputs, outputs, node) -> str | None:
+        return None
+
+    def __new__(cls, backend, node) -> KernelExecution:
+        return (AttentionExecution if node.param.kv_cache else EncoderAttentionExecution)(backend, node)

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
+from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
 from mnngpu.errors import ModelFormatError
-from mnngpu.runtime.elementwise import BINARY_CODES, UNARY_CODES
+from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
 from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
 BINARY_OPS = frozenset(BINARY_CODES)   # the kernels are named after the ops
 UNARY_OPS = frozenset(UNARY_CODES)
+FLOAT, INT = np.dtype(np.float32), np.dtype(np.int32)
+
+
+def _dtypes(inputs, outputs) -> set[np.dtype]:
+    return {np.dtype(t.dtype) for t in (*inputs, *outputs)}
+
+
+def _decline_float_kernel(node, inputs, outputs, kernels: frozenset[str]) -> str | None:
+    if node.param.opType not in kernels:
+        return f"no {node.type} kernel for {node.param.opType}"
+    dtypes = _dtypes(inputs, outputs)
+    if dtypes == {FLOAT}:
+        return None
+    return f"{node.type} kernels run on float32 tensors, got {sorted(d.name for d in dtypes)}"
 
 
 class BinaryExecution(KernelExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return _decline_float_kernel(node, inputs, outputs, BINARY_OPS)
+
     def plan(self, inputs, outputs):
         a, b, out = inputs[0], inputs[1], outputs[0]
         op = self.node.param.opType
@@ -33,6 +50,10 @@ class BinaryExecution(KernelExecution):
 
 
 class UnaryExecution(KernelExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return _decline_float_kernel(node, inputs, outputs, UNARY_OPS)
+
     def plan(self, inputs, outputs):
         out = outputs[0]
         args = [out, inputs[0], np.int32(out.size)]
@@ -41,6 +62,13 @@ class UnaryExecution(KernelExecution):
 
 class CastExecution(KernelExecution):
     """int32 <-> float32; a cast to the same type is a view."""
+
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        dtypes = _dtypes(inputs, outputs)
+        if dtypes <= {FLOAT, INT}:
+            return None
+        return f"Cast kernels convert float32 and int32, got {sorted(d.name for d in dtypes)}"
 
     def plan(self, inputs, outputs):
         x, out = inputs[0], outputs[0]

@@ -1,9 +1,9 @@
 """Data movement on the device: views that share a buffer, and strided copies.
 
-Reshape, Squeeze, Unsqueeze, ConvertTensor and Identity change no values (NC4HW4 is
-logically NCHW here), so their output is the input's buffer and costs nothing per step.
-StridedSlice, GatherV2 and Concat copy, planned by mnngpu.runtime.movement from the host
-semantics, so those are written once, in host_ops.
+The view ops (mnngpu.ops.movement.VIEW_OPS) change no values, so their output is the input's
+buffer and costs nothing per step. StridedSlice, GatherV2 and Concat copy, planned by
+mnngpu.runtime.movement from their host rules, so their semantics are written once, in
+mnngpu/ops/movement.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.backends.opencl.ops.layout import MAX_RANK, int8_vector
+from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
 from mnngpu.runtime.movement import (
     affine_strides,
     coalesce,
@@ -31,7 +30,7 @@ class CopyExecution(KernelExecution):
         """dst[dst_offsets[i]] = src[src_offsets[i]] over the elements i of one copy shape."""
         if src_offsets.size == 0:
             return
-        width = "u16" if self.backend.itemsize(src) == 2 else "u32"
+        width = "u16" if self.backend._itemsize(src) == 2 else "u32"
         src_fit, dst_fit = affine_strides(src_offsets), affine_strides(dst_offsets)
         n = np.int32(src_offsets.size)
         if src_fit is not None and dst_fit is not None:
@@ -49,6 +48,10 @@ class CopyExecution(KernelExecution):
 class GatherCopyExecution(CopyExecution):
     """StridedSlice, GatherV2, Gather: every input but the first is known on the host. One that
     takes every element in order (the logits slice of a prefill that wants all rows) is a view."""
+
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return "indices computed on the device" if any(t.host is None for t in inputs[1:]) else None
 
     def plan(self, inputs, outputs):
         source, out = gather_sources(self.node, inputs).reshape(-1), outputs[0]

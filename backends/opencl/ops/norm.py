@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Node
-from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.backends.opencl.ops.base import KernelExecution
 
 NORM_WG = 64    # norm_group's work-group size (norm.cl)
 ROWS_GROUP = 4  # rows per work-group in norm_rows
@@ -26,7 +26,7 @@ class LayerNormExecution(KernelExecution):
         width = int(np.prod(x.shape[len(x.shape) - axes:], dtype=np.int64))
         rows = x.size // width
         gamma, beta = self.node.weights["opencl"]
-        or_placeholder = self.backend.or_placeholder
+        or_placeholder = self.backend._or_placeholder
         args = [outputs[0], x, or_placeholder(gamma), or_placeholder(beta),
                 np.int32(rows), np.int32(width), np.float32(p.epsilon), np.int32(bool(p.useRMSNorm)),
                 np.int32(gamma is not None), np.int32(beta is not None)]

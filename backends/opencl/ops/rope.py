@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.backends.opencl.ops.launch import KernelExecution
+from mnngpu.backends.opencl.ops.base import KernelExecution
 from mnngpu.runtime import op_table
 from mnngpu.runtime.fusion import rope_split
 
@@ -28,15 +28,17 @@ def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
 class RoPEExecution(KernelExecution):
     def onResize(self, inputs, outputs):
         self.launches, self.as_exported = [], []
-        split = rotate_half_split(self.node, inputs)
-        if split is None:
+        self.split = rotate_half_split(self.node, inputs)
+        if self.split is None:
             self._plan_as_exported(inputs, outputs)  # the ops' executions record themselves
             return
+        super().onResize(inputs, outputs)
+
+    def plan(self, inputs, outputs):
         x, out = inputs[0], outputs[0]
         _, _, heads, dim = x.shape
-        args = [out, *inputs[:3], np.int32(heads), np.int32(dim), np.int32(split), np.int32(out.size)]
+        args = [out, *inputs[:3], np.int32(heads), np.int32(dim), np.int32(self.split), np.int32(out.size)]
         self.prepare("rope.cl", "rope_rotate_half", args, (out.size,))
-        self.backend.record(self, inputs, outputs)
 
     def _plan_as_exported(self, inputs, outputs) -> None:
         p = self.node.param

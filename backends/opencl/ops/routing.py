@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backends.opencl.ops.launch import KernelExecution
-from mnngpu.runtime import routing
+from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.ops import routing
 
 
 def _lines(node, inputs) -> tuple[int, int, int]:
     return routing.layout(inputs[0].shape, routing.axes_of(node, inputs))
 
 
-class SoftmaxExecution(KernelExecution):
+class RoutingExecution(KernelExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return routing.decline(node, inputs)
+
+
+class SoftmaxExecution(RoutingExecution):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         args = [outputs[0], inputs[0], np.int32(outer), np.int32(n), np.int32(inner)]
         self.prepare("routing.cl", "softmax_lines", args, (outer * inner,))
 
 
-class TopKExecution(KernelExecution):
+class TopKExecution(RoutingExecution):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         k = routing.top_k_count(inputs)
@@ -28,7 +34,7 @@ class TopKExecution(KernelExecution):
         self.prepare("routing.cl", "top_k_lines", args, (outer * inner,))
 
 
-class ReductionExecution(KernelExecution):
+class ReductionExecution(RoutingExecution):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         op = routing.REDUCE_CODES[self.node.param.operation]
@@ -36,7 +42,7 @@ class ReductionExecution(KernelExecution):
         self.prepare("routing.cl", "reduce_lines", args, (outer * inner,))
 
 
-class ExpertAddExecution(KernelExecution):
+class ExpertAddExecution(RoutingExecution):
     def plan(self, inputs, outputs):
         y, weights, selected = inputs[:3]
         acc = inputs[3] if len(inputs) > 3 else self.backend.placeholder

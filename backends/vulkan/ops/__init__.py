@@ -1,15 +1,18 @@
 """The Vulkan backend's op table: op type -> Execution class. LinearGroup, GatedLinear and RoPE
-are the fused node types of runtime/op_table.py: listing them here opts this backend into
-runtime/fusion.py's rewrites."""
+are fused node types (runtime/fusion.py), as is ExpertAdd: listing them here opts this backend
+into those rewrites."""
 
 from mnngpu.backends.vulkan.ops.attention import AttentionOp
 from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
-from mnngpu.backends.vulkan.ops.matmul import VulkanLinear
+from mnngpu.backends.vulkan.ops.linear import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
 from mnngpu.backends.vulkan.ops.routing import VulkanExpertAdd, VulkanRouting
-from mnngpu.runtime.op_table import EXPERT_ADD, GATED_LINEAR, LINEAR_GROUP, ROPE
+from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
+from mnngpu.ops.movement import VIEW_OPS
+from mnngpu.ops.rope import ROPE
+from mnngpu.ops.routing import EXPERT_ADD
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,
@@ -29,5 +32,5 @@ EXECUTIONS = {
     "TopKV2": VulkanRouting,
     "Reduction": VulkanRouting,
     EXPERT_ADD: VulkanExpertAdd,
-    **{op: VulkanView for op in ("Reshape", "Squeeze", "Unsqueeze", "ConvertTensor", "Identity")},
+    **{op: VulkanView for op in VIEW_OPS},
 }

@@ -25,9 +25,9 @@ MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 
 
 class KVCache:
-    """One layer's keys and values: (kv_heads, capacity, head_dim) each, of the backend's store_dtype;
-    with `int8` (keys, values; attention_mode 1 and 2) that side holds int8 codes four to a uint,
-    beside a float32 scale per (kv head, token) (shaders/vulkan/kv_int8.glsl)."""
+    """One layer's keys and values (a runtime.kv.KVCache): (kv_heads, capacity, head_dim) each, of
+    the backend's store_dtype; with `int8` (keys, values; attention_mode 1 and 2) that side holds
+    int8 codes four to a uint, beside a float32 scale per (kv head, token) (shaders/vulkan/kv_int8.glsl)."""
 
     def __init__(self, backend, kv_heads: int, head_dim: int, capacity: int, int8: tuple[bool, bool] = (False, False)):
         self.kv_heads, self.head_dim, self.capacity, self.int8 = kv_heads, head_dim, capacity, int8
@@ -36,13 +36,14 @@ class KVCache:
 
         def side(quantized: bool):
             if quantized:
-                return backend.new_buffer(rows * head_dim, np.uint32), backend.new_buffer(rows * 4, np.float32)
-            return backend.new_buffer(rows * head_dim * store.itemsize, store), None
+                codes = backend._new_buffer(rows * head_dim, np.uint32)
+                return codes, backend._new_buffer(rows * 4, np.float32)
+            return backend._new_buffer(rows * head_dim * store.itemsize, store), None
 
         (self.k, self.k_scale), (self.v, self.v_scale) = side(int8[0]), side(int8[1])
         # every (buffer, bytes per (head, token) row) that moves with a token
         self.parts = [(a, a.nbytes // rows) for a in (self.k, self.v, self.k_scale, self.v_scale) if a is not None]
-        self.spare = backend.new_buffer(capacity * max(row for _, row in self.parts), np.uint8)
+        self.spare = backend._new_buffer(capacity * max(row for _, row in self.parts), np.uint8)
 
     @property
     def variant(self) -> str:
@@ -52,6 +53,14 @@ class KVCache:
     @property
     def scales(self) -> list:
         return [a for a in (self.k_scale, self.v_scale) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(buffer.nbytes for buffer, _ in self.parts)
+
+    def reset(self) -> None:
+        for buffer, _ in self.parts:
+            buffer.write(np.zeros(buffer.nbytes // buffer.dtype.itemsize, dtype=buffer.dtype))
 
     def read(self, length: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `length` keys and values, float32 (kv_heads, length, head_dim) each."""
@@ -127,7 +136,7 @@ class VulkanAttention(VulkanExecution):
         self._check_int8_head_dim(dim)
         capacity = self.cache.capacity
         q, k, v = (t.device for t in inputs[:3])
-        out = outputs[0].device = backend.new_tensor(outputs[0])
+        out = outputs[0].device = backend._new_tensor(outputs[0])
         cache = self.cache
         store = pack_push("4I", seq, kv_heads, dim, capacity)
         if cache.variant:   # one invocation per (token, head) row: each finds its row's scale
@@ -135,7 +144,7 @@ class VulkanAttention(VulkanExecution):
             self.dispatch(self._kernel("kv_store_int8"), [k, v, backend.step, cache.k, cache.v, *cache.scales], store,
                           element_groups(seq * kv_heads), writes=written)
         else:
-            self.dispatch(backend.kernel_name("kv_store"), [k, v, backend.step, cache.k, cache.v], store,
+            self.dispatch(backend._kernel_name("kv_store"), [k, v, backend.step, cache.k, cache.v], store,
                           element_groups(seq * kv_heads * dim), writes=(-2, -1))
         scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
         window = key_window(inputs[3]) if len(inputs) > 3 else 0
@@ -145,7 +154,7 @@ class VulkanAttention(VulkanExecution):
             self.dispatch(self._kernel("attention_rows"), [*cached, out, *cache.scales], push,
                           element_groups(seq * heads), writes=(4,))
         else:
-            scores = backend.scratch(seq * heads * capacity * 4)
+            scores = backend._scratch(seq * heads * capacity * 4)
             self.dispatch(self._kernel("attention"), [*cached, scores, out, *cache.scales], push, seq * heads,
                           writes=(4, 5))
 
@@ -154,7 +163,7 @@ class VulkanAttention(VulkanExecution):
         variant = self.cache.variant
         if variant == "kv8":
             return f"{base}_kv8"
-        return self.backend.kernel_name(f"{base}_{variant}" if variant else base)
+        return self.backend._kernel_name(f"{base}_{variant}" if variant else base)
 
     def onExecute(self, inputs, outputs):
         meta = self.backend.kv_meta
@@ -162,7 +171,7 @@ class VulkanAttention(VulkanExecution):
         if past + self.seq > self.cache.capacity:
             raise InputError(f"{past} cached + {self.seq} new tokens exceed the Vulkan KV cache of "
                              f"{self.cache.capacity} (max_all_tokens plus one prefill chunk)", field="max_all_tokens")
-        self.backend.set_step(past)
+        self.backend._set_step(past)
         super().onExecute(inputs, outputs)
 
 
@@ -180,7 +189,7 @@ class VulkanEncoderAttention(VulkanExecution):
         mask, planes = backend.placeholder, 0
         if len(inputs) > 3:
             mask, planes = inputs[3].device, int(np.prod(inputs[3].shape)) // (seq * seq)
-        out = outputs[0].device = backend.new_tensor(outputs[0])
+        out = outputs[0].device = backend._new_tensor(outputs[0])
         scale = attention_scale(self.node.param.attnScale, dim, backend.kv_meta)
         push = pack_push("4IfI", seq, heads, kv_heads, dim, float(scale), planes)
         self.dispatch("encoder_attention", [*(t.device for t in inputs[:3]), mask, out], push,

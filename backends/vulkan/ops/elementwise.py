@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import padded
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.runtime.elementwise import BINARY_CODES, UNARY_CODES
+from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
 from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 
@@ -24,7 +23,7 @@ class VulkanUnary(VulkanExecution):
 
     def onResize(self, inputs, outputs):
         x = inputs[0].device
-        y = outputs[0].device = self.backend.new_tensor(outputs[0])
+        y = outputs[0].device = self.backend._new_tensor(outputs[0])
         n = outputs[0].size
         self.dispatch("unary", [x, y],
                       pack_push("II", n, UNARY_CODES[self.node.param.opType]), element_groups(n))
@@ -43,7 +42,7 @@ class VulkanBinary(VulkanExecution):
         a, b = inputs[0].device, inputs[1].device
         kernel = "binary_f32" if _is_float(inputs[0]) else "binary_i32"
         out = outputs[0]
-        c = out.device = self.backend.new_tensor(out)
+        c = out.device = self.backend._new_tensor(out)
         shape, (sa, sb) = coalesce(out.shape, broadcast_strides(inputs[0].shape, out.shape),
                                    broadcast_strides(inputs[1].shape, out.shape))
         what = f"BinaryOp {self.node.name}"
@@ -60,7 +59,7 @@ class VulkanCast(VulkanExecution):
         if _is_float(x) == _is_float(out):
             out.device = x.device
             return
-        y = out.device = self.backend.new_tensor(out)
+        y = out.device = self.backend._new_tensor(out)
         kernel = "cast_to_float" if _is_float(out) else "cast_to_int"
         self.dispatch(kernel, [x.device, y], pack_push("I", out.size), element_groups(out.size))
 

@@ -1,15 +1,58 @@
-"""Data movement. Reshape, Squeeze, Unsqueeze, ConvertTensor and Identity alias their input
-(NC4HW4 is logically NCHW here). StridedSlice, GatherV2 and Concat become strided copies,
-planned at resize from host_ops' own semantics run on an array of element indices."""
+"""Data movement. The view ops (mnngpu.ops.movement.VIEW_OPS) alias their input. StridedSlice,
+GatherV2 and Concat become strided copies, planned at resize from their host rules
+(mnngpu/ops/movement.py) run on an array of element indices, then split into affine pieces."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import StridedCopy, affine_copies, coalesce, contiguous_strides, padded
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.runtime import host_ops
+from mnngpu.ops import movement
+from mnngpu.runtime.movement import affine_strides, coalesce, contiguous_strides
+
+
+@dataclass
+class StridedCopy:
+    """dst[dst_offset + sum(c * dst_strides)] = src[src_offset + sum(c * src_strides)] over `shape`."""
+
+    shape: list[int]
+    src_offset: int
+    src_strides: list[int]
+    dst_offset: int
+    dst_strides: list[int]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def affine_copies(index: np.ndarray) -> list[StridedCopy]:
+    """Strided copies that fill a contiguous output whose element e is source element index[e].
+
+    A slice's index map is affine in the output coordinates (one copy); a gather's splits
+    along its leading axes into affine pieces."""
+    copies: list[StridedCopy] = []
+    _split(np.asarray(index, dtype=np.int64), 0, copies)
+    return copies
+
+
+def _split(index: np.ndarray, dst_offset: int, copies: list[StridedCopy]) -> None:
+    if index.size == 0:
+        return
+    fitted = affine_strides(index)
+    if fitted is not None:
+        src_offset, src_strides = fitted
+        shape, (src, dst) = coalesce(index.shape, src_strides, contiguous_strides(index.shape))
+        copies.append(StridedCopy(shape, src_offset, src, dst_offset, dst))
+        return
+    while index.shape[0] == 1:
+        index = index[0]
+    step = int(np.prod(index.shape[1:], dtype=np.int64))
+    for i in range(index.shape[0]):
+        _split(index[i], dst_offset + i * step, copies)
 
 
 class VulkanView(VulkanExecution):
@@ -30,7 +73,7 @@ class CopyExecution(VulkanExecution):
     def record_index_map(self, inputs, outputs, select) -> None:
         """outputs[0] = select(element indices of inputs[0]), as strided copies."""
         src = inputs[0].device
-        dst = outputs[0].device = self.backend.new_tensor(outputs[0])
+        dst = outputs[0].device = self.backend._new_tensor(outputs[0])
         index = np.arange(inputs[0].size, dtype=np.int64).reshape(inputs[0].shape)
         chosen = np.asarray(select(index))
         self.record_copies(src, dst, affine_copies(chosen.reshape(outputs[0].shape)))
@@ -43,7 +86,7 @@ def _host_inputs(inputs) -> list[np.ndarray]:
 class VulkanStridedSlice(CopyExecution):
     def onResize(self, inputs, outputs):
         self.record_index_map(inputs, outputs,
-                              lambda index: host_ops.strided_slice(self.node, [index, *_host_inputs(inputs)]))
+                              lambda index: movement.strided_slice(self.node, [index, *_host_inputs(inputs)]))
 
 
 class VulkanGather(CopyExecution):
@@ -55,13 +98,13 @@ class VulkanGather(CopyExecution):
 
     def onResize(self, inputs, outputs):
         self.record_index_map(inputs, outputs,
-                              lambda index: host_ops.gather(self.node, [index, *_host_inputs(inputs)]))
+                              lambda index: movement.gather(self.node, [index, *_host_inputs(inputs)]))
 
 
 class VulkanConcat(CopyExecution):
     def onResize(self, inputs, outputs):
         out = outputs[0]
-        dst = out.device = self.backend.new_tensor(out)
+        dst = out.device = self.backend._new_tensor(out)
         axis = int(self.node.param.axis) % len(out.shape)
         out_strides = contiguous_strides(out.shape)
         start = 0

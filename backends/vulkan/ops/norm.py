@@ -11,7 +11,8 @@ from mnngpu.backends.vulkan.program import pack_push
 def pack_norm(backend, node) -> None:
     """gamma and beta on the device; the raw arrays stay for the CPU backup."""
     node.weights["vulkan_norm"] = tuple(
-        None if node.weights.get(name) is None else backend.constant(np.asarray(node.weights[name], np.float32))
+        None if node.weights.get(name) is None
+        else backend._constant(np.asarray(node.weights[name], np.float32))
         for name in ("gamma", "beta"))
 
 
@@ -27,7 +28,7 @@ class VulkanLayerNorm(VulkanExecution):
             pack_norm(backend, self.node)
         gamma, beta = self.node.weights["vulkan_norm"]
         x = inputs[0].device
-        y = outputs[0].device = backend.new_tensor(outputs[0])
+        y = outputs[0].device = backend._new_tensor(outputs[0])
         push = pack_push("IIfIII", rows, n, float(p.epsilon), int(bool(p.useRMSNorm)), int(gamma is not None),
                          int(beta is not None))
         self.dispatch("layer_norm", [x, gamma or backend.placeholder, beta or backend.placeholder, y], push, rows)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.ops.layout import padded
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.runtime.fusion import rope_split
 from mnngpu.runtime.movement import broadcast_strides, coalesce, contiguous_strides
@@ -26,7 +25,7 @@ class VulkanRoPE(VulkanExecution):
     def onResize(self, inputs, outputs):
         x, cos, sin = inputs[:3]
         out = outputs[0]
-        y = out.device = self.backend.new_tensor(out)
+        y = out.device = self.backend._new_tensor(out)
         outer = tuple(x.shape[:-1])
         strides = [broadcast_strides(t.shape, x.shape)[:-1] for t in (cos, sin)]
         shape, (cos_strides, sin_strides, _) = coalesce(outer, *strides, contiguous_strides(outer))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.runtime import routing
+from mnngpu.ops import routing
 
 
 class VulkanRouting(VulkanExecution):
@@ -25,7 +25,7 @@ class VulkanRouting(VulkanExecution):
                       writes)
 
     def _output(self, tensor):
-        tensor.device = self.backend.new_tensor(tensor)
+        tensor.device = self.backend._new_tensor(tensor)
         return tensor.device
 
 
@@ -37,7 +37,7 @@ class VulkanExpertAdd(VulkanExecution):
     def onResize(self, inputs, outputs):
         y, weights, selected = inputs[:3]
         acc = inputs[3].device if len(inputs) > 3 else self.backend.placeholder
-        out = outputs[0].device = self.backend.new_tensor(outputs[0])
+        out = outputs[0].device = self.backend._new_tensor(outputs[0])
         rows = y.shape[0]
         push = pack_push("IIIiI", rows, y.size // rows, self.node.param.top_k, self.node.param.expert,
                          int(len(inputs) > 3))

@@ -1,0 +1,40 @@
+"""The CPU executions' common shape: planned executions (runtime/planned.py) over numpy arrays.
+
+`onResize` keeps the tensors and does shape-only setup (`plan`); the backend lays every
+buffer into one arena at the end of the resize (backends/cpu/memory.py) and then calls `bind()`
+on each execution in order, which takes the arrays it will read and write. `onExecute` ignores
+its arguments and runs kernels on those arrays, so a replayed step costs one Python call and one
+kernel dispatch.
+
+`HostOpExecution` runs any op that has a host rule on activations, so the CPU takes every op of
+the core table without a kernel of its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backend import Tensor
+from mnngpu.runtime import op_table
+from mnngpu.runtime.planned import PlannedExecution
+
+
+class CPUExecution(PlannedExecution):
+    @staticmethod
+    def value(tensor: Tensor) -> np.ndarray:
+        """A tensor's array: its host value when it is a constant, else its buffer."""
+        return tensor.host if tensor.host is not None else tensor.device
+
+
+class HostOpExecution(CPUExecution):
+    """Any op with a host rule (mnngpu/ops/<family>.py) on activations: evaluate, then copy into the
+    output buffer."""
+
+    def bind(self):
+        self.args = [self.value(t) for t in self.inputs]
+        self.out = self.outputs[0].device
+        self.outs = [t.device for t in self.outputs]
+
+    def onExecute(self, inputs, outputs):  # noqa: N802
+        for out, result in zip(self.outs, op_table.evaluate(self.node, self.args)):
+            np.copyto(out, result, casting="unsafe")

@@ -1,0 +1,34 @@
+"""LayerNorm / RMSNorm over the last len(param.axis) axes (shaders/cuda/norm.cu)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnngpu.backend import Node
+from mnngpu.backends.cuda.ops.base import CudaExecution
+
+
+def pack_norm(backend, node: Node) -> None:
+    """gamma and beta as fp32 device arrays, shared by every execution of the node."""
+    node.weights["cuda"] = tuple(None if node.weights.get(key) is None
+                                 else backend.device.to_device(np.asarray(node.weights[key], dtype=np.float32))
+                                 for key in ("gamma", "beta"))
+
+
+def norm_threads(cols: int) -> int:
+    """Threads per row: a multiple of 32 up to 256."""
+    return min(256, max(32, -(-cols // 32) * 32))
+
+
+class LayerNormExecution(CudaExecution):
+    def onResize(self, inputs, outputs):
+        p, backend = self.node.param, self.backend
+        axes = len(p.axis) if getattr(p, "axis", None) else 1
+        shape = inputs[0].shape
+        cols = int(np.prod(shape[len(shape) - axes:], dtype=np.int64))
+        rows = inputs[0].size // max(1, cols)
+        gamma, beta = self.node.weights["cuda"]
+        args = (np.int32(cols), np.int32(bool(p.useRMSNorm)), np.float32(p.epsilon),
+                backend._buffer(inputs[0]), backend._or_placeholder(gamma), np.int32(gamma is not None),
+                backend._or_placeholder(beta), np.int32(beta is not None), backend._buffer(outputs[0]))
+        self.prepare("norm.cu", "layer_norm", (max(1, rows),), (norm_threads(cols),), args)

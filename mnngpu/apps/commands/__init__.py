@@ -1,0 +1,1 @@
+"""One module per `mnngpu` subcommand; see mnngpu/apps/cli.py."""

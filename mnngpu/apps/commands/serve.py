@@ -1,0 +1,103 @@
+"""`mnngpu serve [MODEL]`: an OpenAI-compatible HTTP server (chat completions, completions, models).
+
+It binds 127.0.0.1 unless told otherwise, answers one request at a time in arrival order and
+queues the rest. docs/server.md lists the endpoints and fields. The port is bound before the
+model loads, and "serving ..." is printed once both are done. The first Ctrl-C (or SIGTERM)
+stops taking requests and ends the replies being streamed with their final event; a second
+one exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from mnngpu.apps.commands.common import add_model_arguments, load_model
+from mnngpu.errors import InputError, MnnGpuError
+
+
+def _port(text: str) -> int:
+    port = _int(text, "--port")
+    if not 0 <= port <= 65535:
+        raise InputError(f"expected a port number from 0 to 65535, got {port}", field="--port")
+    return port
+
+
+def _positive(field: str):
+    def parse(text: str) -> int:
+        value = _int(text, field)
+        if value < 1:
+            raise InputError(f"expected a positive integer, got {value}", field=field)
+        return value
+    return parse
+
+
+def _int(text: str, field: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"expected an integer, got '{text}'", field=field) from None
+
+
+def register(subparsers) -> None:
+    from mnngpu.apps.server.engine import DEFAULT_MAX_QUEUE
+    from mnngpu.apps.server.protocol import DEFAULT_MAX_BODY_BYTES
+
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=_port, default=8000, help="default: %(default)s; 0 picks a free port")
+    parser.add_argument("--model-name", help="the model id clients see (default: the model folder's name)")
+    parser.add_argument("--max-body-bytes", type=_positive("--max-body-bytes"), default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body accepted (default: %(default)s)")
+    parser.add_argument("--max-queue", type=_positive("--max-queue"), default=DEFAULT_MAX_QUEUE,
+                        help="requests that may wait behind the running one before new ones get 503 "
+                             "(default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no access or error lines")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from mnngpu.apps.server.app import create_app
+        from mnngpu.apps.server.engine import ServedModel
+        from mnngpu.apps.server.lifecycle import GracefulServer, bind
+    except ImportError as exc:
+        raise MnnGpuError(f"the server needs starlette and uvicorn ({exc.name} is missing): "
+                          "pip install 'mnngpu[serve]'", field="serve") from None
+    listener = bind(args.host, args.port)
+    try:
+        model = load_model(args)
+        base_dir = model.config.base_dir
+        served = ServedModel(model, args.model_name or base_dir.name, args.max_queue,
+                             created=int(base_dir.stat().st_mtime), show_special=args.show_special)
+        _configure_logs(args.quiet)
+        config = uvicorn.Config(create_app(served, args.max_body_bytes), log_level="warning", access_log=False,
+                                log_config=None)
+        server = GracefulServer(config, served)
+        host, port = listener.getsockname()[:2]
+        print(f"serving {served.name} on http://{_url_host(host)}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr,
+              flush=True)
+        server.run(sockets=[listener])
+        print("stopped", file=sys.stderr)
+    finally:
+        listener.close()
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _configure_logs(quiet: bool) -> None:
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=None))
+    for name in ("mnngpu.access", "mnngpu.server"):
+        log = logging.getLogger(name)
+        log.handlers[:] = [handler]
+        log.setLevel(logging.CRITICAL + 1 if quiet else logging.INFO)
+        log.propagate = False

@@ -1,0 +1,240 @@
+"""The OpenAI-compatible HTTP app (Starlette): chat completions, completions and the model list.
+
+    POST /v1/chat/completions   {"messages": [...], "stream": false, "max_tokens": 64, ...}
+    POST /v1/completions        {"prompt": "...", ...}
+    GET  /v1/models, /v1/models/{id}
+
+A streamed reply is a server-sent event per piece of text, then `data: [DONE]`. Request
+bodies larger than `max_body_bytes` get 413; any refused request gets a 4xx with an
+OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a streamed request is
+checked before its stream starts, so it gets its 4xx status too. Every request makes one
+access line (logger "mnngpu.access"), every failure an error line (logger "mnngpu.server").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from http import HTTPStatus
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mnngpu.apps.server.engine import Job, Result, ServedModel
+from mnngpu.apps.server.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiError,
+    GenerationRequest,
+    ResponseShape,
+    error_body,
+    parse_chat_request,
+    parse_completion_request,
+)
+
+
+def create_app(served: ServedModel, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    api = OpenAiApi(served, max_body_bytes)
+    routes = [
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+    ]
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        served.close()
+
+    return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan))
+
+
+ACCESS_LOG = logging.getLogger("mnngpu.access")
+ERROR_LOG = logging.getLogger("mnngpu.server")
+TOKENS_KEY = "mnngpu.completion_tokens"  # where a request's scope records the tokens it generated
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request, once its response has ended, in uvicorn's
+    access format plus the tokens generated and the time taken."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            path = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+            tokens = scope.get(TOKENS_KEY)
+            ACCESS_LOG.info('%s:%d - "%s %s HTTP/%s" %d %s%s %.2f s', client[0], client[1], scope["method"], path,
+                            scope.get("http_version", "1.1"), status[0], _phrase(status[0]),
+                            f" {tokens} tokens" if tokens is not None else "", time.perf_counter() - start)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+class OpenAiApi:
+    def __init__(self, served: ServedModel, max_body_bytes: int):
+        self.served = served
+        self.max_body_bytes = max_body_bytes
+
+    def _model(self) -> dict:
+        return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "mnngpu"}
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        model_id = request.path_params["model_id"]
+        if model_id != self.served.name:
+            raise ApiError(404, f"no model '{model_id}' here; this server has '{self.served.name}'",
+                           param="model", kind="not_found_error", code="model_not_found")
+        return JSONResponse(self._model())
+
+    async def chat_completions(self, request: Request) -> Response:
+        parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
+        prompt = self.served.chat_prompt(parsed.messages)
+        return await self._generate(request, parsed, prompt, ResponseShape(True, self.served.name))
+
+    async def completions(self, request: Request) -> Response:
+        parsed = parse_completion_request(await read_json(request, self.max_body_bytes))
+        return await self._generate(request, parsed, parsed.prompt, ResponseShape(False, self.served.name))
+
+    async def _generate(self, request: Request, parsed: GenerationRequest, prompt: str,
+                        shape: ResponseShape) -> Response:
+        job = self.served.new_job(prompt, parsed)
+        if parsed.stream:
+            return self._stream(request.scope, job, shape)
+        result = await self._result_unless_gone(request, job)
+        if result is None:
+            return Response(status_code=499)  # nobody is listening any more
+        request.scope[TOKENS_KEY] = result.usage.completion_tokens
+        return JSONResponse(shape.complete(result.text, result.finish_reason, result.usage))
+
+    async def _result_unless_gone(self, request: Request, job: Job) -> Result | None:
+        result = asyncio.wrap_future(self.served.submit(job))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if result.done():
+            return result.result()
+        job.cancel()
+        return None
+
+    def _stream(self, scope: dict, job: Job, shape: ResponseShape) -> Response:
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        job.on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
+        future = self.served.submit(job)  # a full queue is refused here, before any event is sent
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+        return JobStream(job, _events(scope, shape, pieces, future, job.request.include_usage))
+
+
+class JobStream(StreamingResponse):
+    """Server-sent events of one job; however the response ends (done, client gone), the job stops."""
+
+    def __init__(self, job: Job, events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, future: Future,
+                  include_usage: bool) -> AsyncIterator[str]:
+    yield _event(shape.chunk(first=True))
+    while (piece := await pieces.get()) is not None:
+        yield _event(shape.chunk(piece))
+    try:
+        result = future.result()
+    except ApiError as exc:
+        ERROR_LOG.error("a streamed reply failed: %s", exc.message)
+        yield _event(exc.body())
+    except Exception as exc:  # noqa: BLE001 (a bug: say so in the stream; the status line has gone out)
+        ERROR_LOG.error("a streamed reply failed: internal error: %r", exc)
+        yield _event(error_body(f"internal error: {exc!r}", "server_error"))
+    else:
+        scope[TOKENS_KEY] = result.usage.completion_tokens
+        yield _event(shape.chunk(finish_reason=result.finish_reason))
+        if include_usage:
+            yield _event(shape.usage_chunk(result.usage))
+    yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read no further than `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise _too_large(limit) if declared.isdigit() else ApiError(400, "Content-Length is not a number")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    ERROR_LOG.warning("%s %s: %d %s", request.method, request.url.path, exc.status, exc.message)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    ERROR_LOG.error("%s %s: internal error: %r", request.method, request.url.path, exc)
+    return JSONResponse(error_body(f"internal error: {exc!r}", "server_error"), status_code=500)

@@ -1,1 +1,0 @@
-"""One module per `mnngpu` subcommand; see mnngpu/cli.py."""

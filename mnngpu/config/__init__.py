@@ -1,0 +1,19 @@
+"""The model configuration: the one table of keys (`keys.py`: default, check, status, when read)
+and LlmConfig, which merges a model folder's files and overrides and checks them against it."""
+
+from mnngpu.config.keys import DEFAULTS, KEYS, KNOWN_KEYS, LOAD_TIME_KEYS
+from mnngpu.config.llm_config import (
+    COMMAND_LINE,
+    CONFIG_FILE,
+    KNOWN_BACKENDS,
+    SET_CONFIG,
+    ConfigWarning,
+    LlmConfig,
+    as_overrides,
+    deep_merge,
+)
+
+__all__ = [
+    "COMMAND_LINE", "CONFIG_FILE", "DEFAULTS", "KEYS", "KNOWN_BACKENDS", "KNOWN_KEYS", "LOAD_TIME_KEYS",
+    "SET_CONFIG", "ConfigWarning", "LlmConfig", "as_overrides", "deep_merge",
+]

@@ -1,0 +1,149 @@
+"""The package's shape, read from the source files: the engine apart from the applications and the
+backends, no import circles, a short top level, and tools and benchmarks that run as modules.
+
+The import graph is built with `ast` from every `import` statement, those inside functions
+included (an import deferred to call time is still an arrow between two modules). Only imports
+under `if TYPE_CHECKING:` are left out: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "mnngpu"
+MAX_TOP_LEVEL_MODULES = 12
+# Folders of the checkout that setuptools installs as subpackages of mnngpu (pyproject's package-dir).
+MAPPED_PACKAGES = {"mnngpu.backends": REPO / "backends"}
+# What the engine (everything in mnngpu/ outside apps/) must never import.
+ENGINE_MUST_NOT_IMPORT = ("mnngpu.apps", "mnngpu.backends")
+# `python -m mnngpu` is the command line: it starts the CLI application.
+ENTRY_POINT = "mnngpu.__main__"
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of mnngpu, by dotted name (a package by its own name, for its __init__.py)."""
+    roots = {"mnngpu": PACKAGE, **MAPPED_PACKAGES}
+    modules = {}
+    for root_name, root in roots.items():
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((root_name, *parts))] = path
+    return modules
+
+
+MODULES = module_files()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.AST):
+    """The Import and ImportFrom nodes of `tree` that can run (not under `if TYPE_CHECKING:`)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (n for child in node.orelse for n in _runtime_imports_of(child))
+            continue
+        yield from _runtime_imports_of(node)
+
+
+def _runtime_imports_of(node: ast.AST):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    else:
+        yield from _runtime_imports(node)
+
+
+def _known(name: str) -> str | None:
+    """`name`, or the closest enclosing module of mnngpu that exists; None outside mnngpu."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    is_package = MODULES[module].name == "__init__.py"
+    base = module.split(".")[: len(module.split(".")) - node.level + is_package]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(module: str) -> set[str]:
+    """The modules of mnngpu that `module` imports (`from pkg import name` names pkg.name when it
+    is a module, else pkg)."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    found = set()
+    for node in _runtime_imports(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            source = _absolute(module, node)
+            names = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
+                     for alias in node.names]
+        found.update(filter(None, map(_known, names)))
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: imported_modules(module) for module in MODULES}
+
+
+def first_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """A circle of imports in `graph` (the modules in order, the first again at the end), or []."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return []
+
+
+def test_the_import_graph_sees_the_engine_and_its_backends():
+    assert "mnngpu.runtime.schedule" in GRAPH["mnngpu.engine"]
+    assert "mnngpu.backend" in GRAPH["mnngpu.backends.cpu"]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    pairs = sorted((a, b) for a, imports in GRAPH.items() for b in imports if a < b and a in GRAPH[b])
+    assert pairs == []
+
+
+def test_the_imports_of_mnngpu_have_no_circle():
+    assert first_cycle(GRAPH) == []
+
+
+def test_a_circle_is_found():
+    cycle = first_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert cycle[0] == cycle[-1] and sorted(cycle[1:]) == ["a", "b", "c"]
+    assert first_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+
+
+@pytest.mark.parametrize("forbidden", ENGINE_MUST_NOT_IMPORT)
+def test_the_engine_imports_no_application_and_no_backend(forbidden):
+    engine = [m for m in GRAPH if m.split(".")[0] == "mnngpu" and m != ENTRY_POINT
+              and not m.startswith(ENGINE_MUST_NOT_IMPORT)]
+    offenders = {m: sorted(i for i in GRAPH[m] if i == forbidden or i.startswith(forbidden + "."))
+                 for m in engine}
+    assert {m: i for m, i in offenders.items() if i} == {}
+
+
+def test_mnngpu_has_a_short_top_level():
+    top_level = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top_level) <= MAX_TOP_LEVEL_MODULES, top_level
+
+
+@pytest.mark.parametrize("folder", ["tools", "benchmarks"])
+def test_tools_and_benchmarks_run_as_modules_without_editing_sys_path(folder):
+    offenders = [str(path.relative_to(REPO)) for path in sorted((REPO / folder).rglob("*"))
+                 if path.is_file() and path.suffix in (".py", ".sh") and "sys.path" in path.read_text()]
+    assert offenders == []
+    assert (REPO / folder / "__init__.py").is_file()

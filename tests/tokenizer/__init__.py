@@ -1,0 +1,1 @@
+"""Tokenizers of every format against their source libraries and MNN's own reader."""
