@@ -1,6 +1,7 @@
 """mnngpu against MNN's own runtime (`MNN.llm`) on one model folder, side by side.
 
     python -m benchmarks.compare_mnn bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
+    python -m benchmarks.compare_mnn bench_models/qwen3_moe_shape --threads 2   # the MoE model
 
 Each measurement runs in a fresh process, the engines alternating (mnngpu, MNN, mnngpu, MNN, ...),
 so that neither gets a warmer page cache or a quieter machine. A process loads the model with the
@@ -9,7 +10,9 @@ its first run; for mnngpu this loads the compiled kernels from numba's cache), t
 of `--prompt` tokens and `--decode` greedy decode steps after it, both through `forward()` with an
 argmax in Python, the same work for both engines. It reports
 load time, prefill and decode tok/s, peak RSS after load and at the end, and the ratios mnngpu/MNN.
-Decode GB/s is the weight file's size times decode tok/s, next to the machine's read bandwidth.
+Decode GB/s is the weight bytes a decode step reads times decode tok/s, next to the machine's read
+bandwidth: the whole weight file, or for a MoE model the file less the experts not chosen (both
+engines run only the top_k experts on the CPU; `mnngpu inspect` gives the same figure).
 
 `--mnn-memory high` runs MNN at memory high instead of the folder's setting (the exporter writes
 low): MNN's memory low quantizes activations to int8 on the CPU, memory high keeps them float,
@@ -135,6 +138,17 @@ def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: f
     return "\n".join(lines)
 
 
+def decode_bytes(model_dir: Path) -> int:
+    """The weight bytes one decode step reads: the file, less the experts a MoE model leaves out."""
+    from mnngpu.apps.inspect import moe_facts
+    from mnngpu.format import read_net
+
+    config = json.loads((model_dir / "config.json").read_text())
+    size = os.path.getsize(model_dir / config.get("llm_weight", "llm.mnn.weight"))
+    moe = moe_facts(read_net(model_dir / config.get("llm_model", "llm.mnn")), size)
+    return size if moe is None else moe["bytes_per_token"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path)
@@ -162,8 +176,7 @@ def main() -> None:
                   f"prefill {result['prefill_tok_s']:7.2f} tok/s  load {result['load_s']:5.2f} s  "
                   f"peak RSS {result['rss_peak_mb']:6.0f} MB", flush=True)
     bandwidth = None if args.no_bandwidth else read_bandwidth_gbs(args.threads)
-    config = json.loads((args.model_dir / "config.json").read_text())
-    weight_bytes = os.path.getsize(args.model_dir / config.get("llm_weight", "llm.mnn.weight"))
+    weight_bytes = decode_bytes(args.model_dir)
     print()
     print(report(results, args, weight_bytes, bandwidth))
 

@@ -31,7 +31,7 @@ import numpy as np
 from mnngpu.errors import BackendUnavailableError, ConfigError
 
 if TYPE_CHECKING:
-    from mnngpu.runtime.kv import KVCache
+    from mnngpu.runtime.kv import KVCache, StateCache
 
 
 @dataclass(eq=False)
@@ -160,6 +160,7 @@ class Backend(ABC):
         self.kv_meta = kv_meta         # runtime.kv.KVMeta shared with the Attention executions
         self.description = self.type   # the backend and its device, for the ready line
         self.kv_caches: dict[int, KVCache] = {}   # layer index -> its cache, made by kv_cache()
+        self.state_caches: dict[str, StateCache] = {}   # recurrent op name -> its state, made by its execution
 
     def rearrange(self, node: Node) -> None:
         """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import backend_class
-from mnngpu.config import LOAD_TIME_KEYS, ConfigWarning, LlmConfig, as_overrides
-from mnngpu.embedding import DiskEmbedding
+from mnngpu.config import LOAD_TIME_KEYS, ConfigNote, ConfigWarning, LlmConfig, as_overrides
+from mnngpu.embedding import PLE_KEY, DiskEmbedding, PerLayerEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation.factory import create_strategy
 from mnngpu.generation.steps import DecodeSteps
@@ -32,7 +32,7 @@ from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.static_module import weights_location
-from mnngpu.runtime.validate import validate_model
+from mnngpu.runtime.validate import PLE_FEED, graph_inputs, has_recurrent_state, uses_ple, validate_model
 from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
 
@@ -92,8 +92,16 @@ def _attention_mask(cfg: LlmConfig) -> np.ndarray:
                           "would hide every key)", path=cfg.origin("sliding_window"), field="sliding_window")
     note = sliding_unwindowed_note(cfg.attention_type, cfg.sliding_window)
     if note:
-        warnings.warn(f"{cfg.origin('attention_type')}: {note}", ConfigWarning, stacklevel=3)
+        warnings.warn(f"{cfg.origin('attention_type')}: {note}", ConfigNote, stacklevel=3)
     return mask_feed(cfg.attention_type, cfg.sliding_window)
+
+
+def _per_layer_embedding(cfg: LlmConfig, vocab_size: int) -> PerLayerEmbedding | None:
+    """Gemma 4's per-layer embedding table when ple_embed_file is set (validate_model checked the graph)."""
+    if not uses_ple(cfg):
+        return None
+    return PerLayerEmbedding(cfg.base_dir / cfg.get(PLE_KEY), cfg.value("ple_embed_dim"),
+                             cfg.value("ple_embed_scale"), vocab_size, cfg.origin(PLE_KEY))
 
 
 def _warn_load_time_keys(overrides: dict) -> None:
@@ -159,13 +167,16 @@ class Llm:
         report("weights mapped", 0, 1)
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings,
                                        cfg.origin("tie_embeddings"))
-        report("weights mapped", 1, 1)
         net = validate_model(cfg, self.embedding)
+        self.per_layer_embedding = _per_layer_embedding(cfg, self.embedding.vocab_size)
+        report("weights mapped", 1, 1)
+        self.graph_inputs = graph_inputs(net)
         self.attention_mask = _attention_mask(cfg)
         self.position_axes = position_axes(net)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
-        self.strategy = create_strategy(cfg, net.output_names, self.embedding, self.runtime.placements)
+        self.strategy = create_strategy(cfg, net.output_names, self.embedding, self.runtime.placements,
+                                        recurrent_state=has_recurrent_state(net))
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True,
                                      base=self._base_module())
         report("weights packed", 0, 1)
@@ -250,7 +261,8 @@ class Llm:
 
     # ---- the forward pass --------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget the KV cache and the history."""
+        """Forget the KV cache, the recurrent state (runtime.kv.state_step: the next forward keeps no
+        token, so it starts from zero state) and the history."""
         if self._loaded:
             self.runtime.kv_meta.clear()
         self._verified = []
@@ -287,6 +299,7 @@ class Llm:
         embeds[:seq, 0] = self._embed(ids)
         feeds = graph_feeds(embeds, meta.kept, all_logits, self.attention_mask,
                             self._positions(meta.kept, seq, rows)) | self._extra_feeds(rows)
+        feeds |= self._ple_feed(ids, rows)
         meta.add = seq
         wanted = ["logits", "hidden_states"] if self.strategy.needs_hidden_states else ["logits"]
         logits, *hidden = module.forward(feeds, wanted)
@@ -310,7 +323,8 @@ class Llm:
         for (rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
             module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask,
-                                             self._positions(0, 0, rows)) | self._extra_feeds(rows))
+                                             self._positions(0, 0, rows)) | self._extra_feeds(rows)
+                                 | self._ple_feed([], rows))
         return self.runtime.placements
 
     def _embed(self, ids: list[int]) -> np.ndarray:
@@ -320,6 +334,13 @@ class Llm:
     def _extra_feeds(self, rows: int) -> dict[str, np.ndarray]:
         """Graph inputs beyond FEEDS for a run of `rows` rows (Omni: Qwen3-VL's deepstack_embeds)."""
         return {}
+
+    def _ple_feed(self, ids: list[int], rows: int) -> dict[str, np.ndarray]:
+        """Gemma 4's ple_embeddings [1, rows, ple_embed_dim]: the per-layer rows of `ids`, zero rows after
+        them (the padding of a fixed-shape run); none for a model without per-layer embeddings."""
+        if self.per_layer_embedding is None:
+            return {}
+        return {PLE_FEED: self.per_layer_embedding.rows(ids, rows)}
 
     def _positions(self, first: int, seq: int, rows: int) -> np.ndarray:
         """int32 [axes, rows]: positions first.. on every axis (an mrope graph's three agree for text)."""
@@ -341,12 +362,13 @@ class Llm:
         size = self._rows_per_run(count)
         return -(-prefilled // size) * size - prefilled
 
-    def forward(self, ids) -> Logits:
-        """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits."""
+    def forward(self, ids, all_logits: bool | None = None) -> Logits:
+        """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits (the
+        config's unless given: the server asks for every row to score a prompt's tokens)."""
         self._require_loaded()
         ids = self._check_ids(ids)
         self._hidden_parts = []
-        all_logits = self.config.all_logits
+        all_logits = self.config.all_logits if all_logits is None else all_logits
         size = self._rows_per_run(len(ids))
         if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
             # In a padded chunk the last real row is not the last row. Prefill all but the last

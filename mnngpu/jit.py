@@ -10,6 +10,11 @@ fast path does the same with `warm_up`, the library's own encoder standing in me
 The background process outlives a short run, so the next run finds a warm cache. Set
 MNNGPU_BACKGROUND_COMPILE=0 to compile in the foreground instead (benchmarks and tests do).
 
+A CompileNotice (one line: how many kernels, for the first time) says when kernels go to the
+background, as their process starts. A caller that streams a reply can `hold_notices()` and
+say them with `announce()` where they split nothing (the command line does, before its
+"ready" line and between replies).
+
     python -m mnngpu.jit < jobs.pickle      # the background process: compiles, then exits
 """
 
@@ -38,6 +43,15 @@ log = logging.getLogger("mnngpu.jit")
 
 ENV_SWITCH = "MNNGPU_BACKGROUND_COMPILE"
 BACKGROUND_LOCK = "background-compile.lock"
+
+
+class CompileNotice(UserWarning):
+    """Kernels started compiling in the background; slower stand-ins run until they are ready."""
+
+    line_prefix = "note"   # the command line prints it as `note: ...`: nothing for the user to fix
+
+
+warnings.filterwarnings("always", category=CompileNotice)   # each batch of kernels is news
 
 
 def _user_cache_dir() -> Path:
@@ -129,12 +143,21 @@ class Background:
     running: tuple | None = None        # (Popen, jobs)
     finished: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    unannounced: list[Job] = field(default_factory=list)   # submitted, no CompileNotice yet
+    announced_any: bool = False
+    held: bool = False                  # notices wait for announce()
 
     def submit(self, job: Job) -> Job:
         with self.lock:
             if job not in self.finished and job not in self.queued:
                 self.queued.append(job)
+                self.unannounced.append(job)
         return job
+
+    def announce(self) -> None:
+        """One CompileNotice for the jobs submitted since the last one, if any."""
+        with self.lock:
+            self._announce()
 
     def done(self, job: Job, start: bool = True) -> bool:
         """Whether `job` has run; with `start`, starts the queued jobs when no process is running."""
@@ -170,11 +193,28 @@ class Background:
             self.finished.update(jobs)
             self.running = None
         if start and self.running is None and self.queued:
-            if not self.finished:
-                warnings.warn("compiling kernels in the background (the first run on this machine only); "
-                              "numpy stands in until they are ready", stacklevel=2)
+            if not self.held:
+                self._announce()
             jobs, self.queued = self.queued, []
             self.running = (_start_worker(jobs), jobs)
+
+    def _announce(self) -> None:
+        if self.unannounced:
+            text = notice_text(self.unannounced, again=self.announced_any)
+            self.unannounced, self.announced_any = [], True
+            warnings.warn(text, CompileNotice, stacklevel=2)
+
+
+def notice_text(jobs: list[Job], again: bool = False) -> str:
+    """`compiling kernels in the background: 12 this model needs for the first time, and the
+    tokenizer's; ...`: what is compiling, in numbers (a warm_up job names its part)."""
+    kernels = sum(1 for job in jobs if job.sig)
+    parts = [f"{kernels}{' more' if again else ''} this model needs for the first time"] if kernels else []
+    parts += [f"the {job.marker.partition('-')[0]}'s" for job in jobs if job.marker]
+    if not kernels:
+        parts[-1] += ", for the first time"
+    return (f"compiling kernels in the background: {', and '.join(parts)}; slower stand-ins run until they are "
+            "ready")
 
 
 def _worker_log() -> Path:
@@ -297,6 +337,16 @@ def warm_up(name: str, key: str, function: Callable, make_args: Callable[[], tup
 def wait_for_compiles() -> None:
     """Block until the background process has compiled everything queued so far."""
     BACKGROUND.wait()
+
+
+def hold_notices(held: bool = True) -> None:
+    """While held, a CompileNotice waits for announce() instead of coming as its process starts."""
+    BACKGROUND.held = held
+
+
+def announce() -> None:
+    """Say the CompileNotice of the kernels queued since the last one, if any (see hold_notices)."""
+    BACKGROUND.announce()
 
 
 def pending() -> bool:

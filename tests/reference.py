@@ -196,3 +196,36 @@ def expert_mixture(outputs: list[np.ndarray], weights: np.ndarray, selected: np.
         for w, e in zip(weights[t], selected[t]):
             mixed[t] += w * outputs[e][t].astype(np.float64)
     return mixed
+
+
+def gated_delta_net(qkv: np.ndarray, weight: np.ndarray, gate: np.ndarray, beta: np.ndarray, k_heads: int,
+                    v_heads: int, k_dim: int, v_dim: int, conv_history: np.ndarray, state: np.ndarray,
+                    l2norm: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Qwen3.5's Gated DeltaNet core one token at a time, in float64, as HF's recurrent form reads:
+    qkv (channels, seq) before the depthwise causal conv (weight (channels, kernel), the previous
+    kernel - 1 inputs in conv_history) and its SiLU; q, k, v split per head, v head h reading k head
+    h * k_heads // v_heads; q and k l2-normalised (eps 1e-6 under the root), q scaled by 1/sqrt(k_dim);
+    per token: decay the state by exp(gate), delta = beta (v - S^T k), S += k delta^T, out = S^T q.
+    Returns the output (seq, v_heads * v_dim), the last kernel - 1 inputs and the state."""
+    kernel = weight.shape[1]
+    window = np.concatenate([conv_history, qkv], axis=1).astype(np.float64)
+    S = state.astype(np.float64).copy()
+    outputs = []
+    for t in range(qkv.shape[1]):
+        conv = (window[:, t: t + kernel] * weight).sum(axis=1)
+        x = conv / (1.0 + np.exp(-conv))
+        q_all = x[: k_heads * k_dim].reshape(k_heads, k_dim)
+        k_all = x[k_heads * k_dim: 2 * k_heads * k_dim].reshape(k_heads, k_dim)
+        v_all = x[2 * k_heads * k_dim:].reshape(v_heads, v_dim)
+        row = []
+        for h in range(v_heads):
+            q, k = q_all[h * k_heads // v_heads], k_all[h * k_heads // v_heads]
+            if l2norm:
+                q, k = q / np.sqrt(q @ q + 1e-6), k / np.sqrt(k @ k + 1e-6)
+            q = q / np.sqrt(k_dim)
+            S[h] *= np.exp(gate[t, h])
+            delta = beta[t, h] * (v_all[h] - S[h].T @ k)
+            S[h] += np.outer(k, delta)
+            row.append(S[h].T @ q)
+        outputs.append(np.concatenate(row))
+    return np.array(outputs), window[:, -(kernel - 1):], S

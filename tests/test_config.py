@@ -477,3 +477,42 @@ def test_relative_base_dir_matches_mnn(tmp_path: Path, monkeypatch) -> None:
     cfg = load_quietly(folder / "config.json")
     assert cfg.raw == expected
     assert cfg.hidden_size == 72
+
+
+RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "power", "memory")
+
+
+def caught_config_warnings(action) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+
+
+def test_a_section_of_the_folder_tunes_a_runtime_quietly_and_blames_its_source(tmp_path: Path) -> None:
+    from mnngpu.config import CONFIG_FLAG
+
+    folder = make_model(tmp_path / "m", {"mllm": {"thread_num": 2, "precision": "high", "memory": "high"}},
+                        {"hidden_size": 64})
+    cfg = load_quietly(folder)
+    vision = None
+
+    def section() -> None:
+        nonlocal vision
+        vision = cfg.section_config("mllm", RUNTIME_KEYS)
+    assert caught_config_warnings(section) == []   # the folder's own tuning of MNN's runtime
+    assert (vision.thread_num, vision.precision, vision.memory) == (2, "high", "high")
+    assert cfg.thread_num == 4                      # the LLM's own runtime is left alone
+
+    cfg.set_config({"mllm": {"memory": "normal"}})
+    want = ("set_config(): mllm.memory: \"normal\" has no effect in mnngpu: MNN's weight and activation storage "
+            "choice (memory and speed)")
+    assert caught_config_warnings(lambda: cfg.section_config("mllm", RUNTIME_KEYS)) == [want]
+    cfg.set_config({"mllm": {"power": "high"}}, source=CONFIG_FLAG)
+    warned = caught_config_warnings(lambda: cfg.section_config("mllm", RUNTIME_KEYS))
+    assert any(text.startswith('mllm.power: "high" has no effect') and text.endswith("; set by --config")
+               for text in warned), warned
+    cfg.set_config({"mllm": {"thread_num": 0}}, source=CONFIG_FLAG)
+    with pytest.raises(ConfigError) as info:
+        cfg.section_config("mllm", RUNTIME_KEYS)
+    assert str(info.value) == "mllm.thread_num: expected a positive integer, got 0"

@@ -25,6 +25,7 @@ MNN_RUNTIME_KEYS = {
     "quant_qkv", "memory", "power", "dynamic_option", "chunk", "chunk_limits", "attn_scale", "attention_type",
     "attention_mask", "is_mrope", "sliding_window", "cpu_sme2_neon_division_ratio", "cpu_sme_core_num", "async",
     "timeout_ms", "prompt_cache", "enable_debug", "hidden_states", "ple_embed_file", "has_deepstack",
+    "ple_embed_scale", "ple_embed_dim", "ple_quant",
 }
 
 
@@ -88,7 +89,7 @@ def model_with(tmp_path: Path, **llm_config) -> Path:
 @pytest.mark.parametrize("key, value", [
     ("mrope_axes", 4), ("attention_mask", "glm"),
     ("attention_mask", "glm2"), ("audio_type", "conformer"), ("is_single", False),
-    ("ple_embed_file", "ple.bin"), ("attention_mode", 12), ("quant_qkv", 4),
+    ("ple_quant", [0, 15360, 960, 4, 64]), ("attention_mode", 12), ("quant_qkv", 4),
     ("attention_mode", 3),
 ])
 def test_a_value_that_changes_the_math_is_rejected_at_load(tmp_path, key, value):

@@ -24,7 +24,7 @@ from PIL import Image
 from mnngpu import llm as mnngpu_llm
 from mnngpu.apps.cli import main
 from mnngpu.apps.inspect import format_inspect_table, inspect_model
-from mnngpu.errors import ConfigError, InputError, ModelFormatError
+from mnngpu.errors import ConfigError, InputError
 from mnngpu.omni import MropePositions, Omni
 from mnngpu.omni.vision import read_image
 from tests.conformance.test_fixture_models import greedy
@@ -294,14 +294,26 @@ def test_qwen3_deepstack_rows_follow_their_image_across_prefill_chunks():
     assert tokens == prompt["hf_greedy"]
 
 
-def test_has_deepstack_needs_the_graphs_deepstack_input(tmp_path):
-    folder = copy_model(tmp_path, has_deepstack=True)
-    with pytest.raises(ModelFormatError, match="deepstack_embeds"):
-        mnngpu_llm.create(folder).load()
-
-
 def test_has_deepstack_without_vision_is_one_config_error(tmp_path):
     folder = copy_model_files(QWEN3, tmp_path, [p.name for p in QWEN3.iterdir() if p.is_file()], is_visual=False)
     with pytest.raises(ConfigError, match="deepstack rows come from the vision graph") as caught:
         mnngpu_llm.create(folder).load()
     assert caught.value.field == "has_deepstack"
+
+
+def test_a_graph_without_deepstack_embeds_runs_without_it_whatever_has_deepstack_says():
+    """Qwen3.5's exporter writes has_deepstack true beside an LLM graph with no deepstack_embeds input
+    (only its vision graph has deepstack features); MNN runs such a folder, and so must mnngpu."""
+    from mnngpu.config import LlmConfig
+    from mnngpu.embedding import DiskEmbedding
+    from mnngpu.runtime.validate import graph_inputs, validate_model
+
+    config = LlmConfig.load(FIXTURES / "qwen3_5_int4_b64")
+    config.set_config({"is_visual": True, "has_deepstack": True})
+    embedding = DiskEmbedding(config.hidden_size, config.embedding_path, config.weight_path,
+                              config.tie_embeddings)
+    net = validate_model(config, embedding)
+    assert "deepstack_embeds" not in graph_inputs(net)
+    qwen3_vl = LlmConfig.load(QWEN3)   # a graph that takes the input still gets it
+    assert "deepstack_embeds" in graph_inputs(validate_model(qwen3_vl, DiskEmbedding(
+        qwen3_vl.hidden_size, qwen3_vl.embedding_path, qwen3_vl.weight_path, qwen3_vl.tie_embeddings)))

@@ -25,7 +25,8 @@ def test_graph_op_types_are_mnn_op_types_and_fused_ones_are_not():
     mnn = set(OP_TYPE.values())
     assert op_table.graph_op_types() <= mnn
     fused = set(op_table.OPS) - op_table.graph_op_types()
-    assert fused == {op_table.LINEAR_GROUP, op_table.GATED_LINEAR, op_table.ROPE, op_table.EXPERT_ADD}
+    assert fused == {op_table.LINEAR_GROUP, op_table.GATED_LINEAR, op_table.ROPE, op_table.EXPERT_ADD,
+                     op_table.SPARSE_MOE}
     assert not fused & mnn and all(name.startswith(op_table.FUSED_PREFIX) for name in fused)
     assert runnable_op_types() == set(op_table.graph_op_types()) | {"Input", "Const"}
 
@@ -82,3 +83,35 @@ def test_an_op_outside_the_table_is_named():
         op_table.infer(Node("RoPE", "rope"), [Tensor((1, 4), np.dtype(np.float32))])
     with pytest.raises(ModelFormatError, match="cannot be evaluated on the host"):
         op_table.evaluate(Node("Attention", "a"), [])
+
+
+SLICE_X = np.arange(2 * 3 * 10, dtype=np.float32).reshape(2, 3, 10)
+
+
+@pytest.mark.parametrize("table, extra, want", [
+    # torch.split with a lengths input (Qwen3.5's query and gate halves)
+    (P.Slice(axis=-1, sourceType="TORCH"), [np.array([3, 7], np.int32)], [SLICE_X[..., :3], SLICE_X[..., 3:]]),
+    # one length left to the rest
+    (P.Slice(axis=2, sourceType="TORCH", slicePoints=[2, -1, 3]), [],
+     [SLICE_X[..., :2], SLICE_X[..., 2:7], SLICE_X[..., 7:]]),
+    # lengths that stop short of the axis' end
+    (P.Slice(axis=2, sourceType="TENSORFLOW", slicePoints=[4, 4]), [], [SLICE_X[..., :4], SLICE_X[..., 4:8]]),
+    # a single TORCH point is the piece length, a single TF point the piece count
+    (P.Slice(axis=2, sourceType="TORCH", slicePoints=[5]), [], [SLICE_X[..., :5], SLICE_X[..., 5:]]),
+    (P.Slice(axis=1, sourceType="TENSORFLOW", slicePoints=[3]), [], [SLICE_X[:, i:i + 1] for i in range(3)]),
+    # Caffe's points are cut positions
+    (P.Slice(axis=1, sourceType="CAFFE", slicePoints=[1]), [], [SLICE_X[:, :1], SLICE_X[:, 1:]]),
+])
+def test_slice_cuts_pieces_like_numpy_indexing(table, extra, want):
+    node = Node("Slice", "s", table)
+    got = op_table.evaluate(node, [SLICE_X, *extra])
+    assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+    tensors = [Tensor(a.shape, a.dtype, host=a) for a in (SLICE_X, *extra)]
+    assert op_table.infer(node, tensors) == [(w.shape, w.dtype) for w in want]
+
+
+def test_slice_lengths_that_do_not_fit_are_named():
+    with pytest.raises(ModelFormatError, match="piece lengths that fit"):
+        op_table.evaluate(Node("Slice", "s", P.Slice(axis=2, sourceType="TORCH")), [SLICE_X, np.array([6, 6])])
+    with pytest.raises(ModelFormatError, match="equal split"):
+        op_table.evaluate(Node("Slice", "s", P.Slice(axis=2, sourceType="TENSORFLOW")), [SLICE_X])

@@ -168,3 +168,13 @@ def test_a_prefix_stored_with_int8_kv_reloads_the_same_codes(tmp_path):
     assert len(list((tmp_path / "prefixes").iterdir())) == 1
     load_model(prefix_cache_path=cache).cache_prefix(head)   # float KV: another key, another file
     assert len(list((tmp_path / "prefixes").iterdir())) == 2
+
+
+def test_prefix_cache_path_from_the_command_line_is_used(tmp_path):
+    from mnngpu.config import CONFIG_FLAG
+
+    model = llm.create(MODEL_DIR)
+    model.config.set_config({"prefix_cache_path": str(tmp_path / "prefixes")}, source=CONFIG_FLAG)
+    model.load()
+    ids = recorded("hello")["ids"]
+    assert model.cache_prefix(ids) == 0 and files_in(tmp_path / "prefixes")   # stored where --config said

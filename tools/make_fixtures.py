@@ -32,6 +32,7 @@ from tools.mnn_export import (
     folder_size,
     record_oracle,
     save_hf_tokenizer,
+    set_export_settings,
     train_bpe_tokenizer,
 )
 
@@ -60,7 +61,35 @@ class FixtureSpec:
     hf_overrides: dict = field(default_factory=dict)
     lora: bool = False               # also export lora.mnn from a random adapter (--lora_path --lora_split)
     eagle: bool = False              # also export an EAGLE-3 draft head (--eagle_path): eagle*.mnn
+    # state MNN's reset() keeps (a LinearAttention layer's; Gemma 4's per-layer embedding rows of the
+    # last step, which its next prompt then reads): each prompt gets a fresh MNN instance
+    stateful: bool = False
+    # a family whose HF model always carries a vision tower (Qwen3.5): this tiny tower's config; the
+    # text sizes then go under text_config
+    vision: dict | None = None
+    # a family the exporter reads as a composite config (Gemma 4) although it has no tower: the text
+    # sizes go under text_config, the towers' configs are null
+    composite: bool = False
+    settings: dict = field(default_factory=dict)   # {export file: {key: value}} the fixture changes
 
+
+QWEN3_5_TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 32, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "full_attention_interval": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+                                    "mrope_section": [2, 1, 1], "mrope_interleaved": True}}
+QWEN3_5_VISION = {"depth": 1, "hidden_size": 32, "out_hidden_size": QWEN3_5_TEXT["hidden_size"],
+                  "intermediate_size": 96, "num_heads": 2, "num_position_embeddings": 64, "patch_size": 16,
+                  "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
+# the vision token ids a composite config must name: ordinary ids of the tiny tokenizer (no image is fed)
+VISION_TOKEN_IDS = {"image_token_id": 3, "video_token_id": 4, "vision_start_token_id": 5, "vision_end_token_id": 6}
+WITHOUT_VISION = {"llm_config.json": {"is_visual": False, "has_deepstack": False}}
+# Gemma 4 with one head width: the real shape's wider full-attention heads (global_head_dim) make the
+# exporter fail (`'head_dim' is a per-layer attribute`), and an empty per_layer_config keeps them equal
+GEMMA4_TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "head_dim": 32, "per_layer_config": {}, "hidden_size_per_layer_input": 64, "sliding_window": 8,
+               "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 30.0}
 
 SPECS = [
     FixtureSpec("qwen2_int4_b64", "qwen2", ["--quant_bit", "4", "--quant_block", "64"]),
@@ -105,6 +134,25 @@ SPECS = [
     FixtureSpec("gemma3_mix_int4", "gemma3_text", ["--quant_bit", "4", "--quant_block", "64"],
                 hf_overrides={"head_dim": 32, "sliding_window": 8,
                               "layer_types": ["sliding_attention", "full_attention"]}),
+    # short-convolution layers (LinearAttention, mode short_conv) around one attention layer, tied
+    FixtureSpec("lfm2_int4_b64", "lfm2", ["--quant_bit", "4", "--quant_block", "64"], tied=True, stateful=True,
+                hf_overrides={"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+                              "intermediate_size": 128, "block_auto_adjust_ff_dim": False}),
+    # three Gated-DeltaNet layers (LinearAttention, mode gated_delta_rule, 2 k heads for 4 v heads) and a
+    # full-attention layer; the exporter needs full_attention_interval and an mrope_section. The vision
+    # tower is left out of the fixture (visual.mnn, and hf/ keeps the text model alone) and the config
+    # says so (is_visual, has_deepstack false): the text model does not use it, and this graph takes no
+    # deepstack_embeds although the exporter says it has them
+    FixtureSpec("qwen3_5_int4_b64", "qwen3_5", ["--quant_bit", "4", "--quant_block", "64"], stateful=True,
+                hf_overrides=QWEN3_5_TEXT, vision=QWEN3_5_VISION, settings=WITHOUT_VISION),
+    FixtureSpec("qwen3_5_moe_int4_b64", "qwen3_5_moe", ["--quant_bit", "4", "--quant_block", "64"], stateful=True,
+                hf_overrides={**QWEN3_5_TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                              "shared_expert_intermediate_size": 64},
+                vision=QWEN3_5_VISION, settings=WITHOUT_VISION),
+    # per-layer embeddings (ple_embeddings_bf16.bin), a sliding and a full layer with their own rotary
+    # (proportional, a quarter of the head, on the full layer), tied, logits soft-capped
+    FixtureSpec("gemma4_int4_b64", "gemma4", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
+                stateful=True, composite=True, hf_overrides=GEMMA4_TEXT),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -122,15 +170,49 @@ def build_hf_model(spec: FixtureSpec, hf_dir: Path, vocab_size: int) -> None:
     import transformers
 
     eos = SPECIAL_TOKENS.index("<|im_end|>")
-    config = transformers.AutoConfig.for_model(spec.family, vocab_size=vocab_size, tie_word_embeddings=spec.tied,
-                                               eos_token_id=eos, bos_token_id=0, pad_token_id=0,
-                                               torch_dtype="float32", **{**TINY_SHAPE, **spec.hf_overrides})
+    text = dict(vocab_size=vocab_size, eos_token_id=eos, bos_token_id=0, pad_token_id=0,
+                **{**TINY_SHAPE, **spec.hf_overrides})
     torch.manual_seed(sum(map(ord, spec.name)))
     # float32, so the exporter quantizes exact source values: every stored weight is then within
     # half a quantization step of the committed source tensor
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    if spec.composite:
+        text["vocab_size_per_layer_input"] = vocab_size
+        config = transformers.AutoConfig.for_model(spec.family, text_config=text, vision_config=None,
+                                                   audio_config=None, tie_word_embeddings=spec.tied)
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    elif spec.vision is None:
+        config = transformers.AutoConfig.for_model(spec.family, tie_word_embeddings=spec.tied, torch_dtype="float32",
+                                                   **text)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    else:
+        config = transformers.AutoConfig.for_model(spec.family, text_config=text, vision_config=spec.vision,
+                                                   tie_word_embeddings=spec.tied, **VISION_TOKEN_IDS)
+        model = transformers.AutoModelForImageTextToText.from_config(config)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
+    if spec.vision is not None:
+        restore_text_keys(hf_dir / "config.json", spec.hf_overrides)
+
+
+def save_text_model(hf_dir: Path, dest: Path) -> None:
+    """Overwrite dest's model and config with the text model alone (transformers' causal LM for the
+    text config, the same weights): the vision tower the exporter needed stays out of the fixture."""
+    import transformers
+
+    model = transformers.AutoModelForImageTextToText.from_pretrained(hf_dir)
+    text = transformers.AutoModelForCausalLM.from_config(model.config.text_config)
+    text.model.load_state_dict(model.model.language_model.state_dict())
+    text.lm_head.load_state_dict(model.lm_head.state_dict())
+    text.generation_config = model.generation_config
+    text.save_pretrained(dest)
+
+
+def restore_text_keys(config_path: Path, text: dict) -> None:
+    """Write back under text_config the keys transformers consumed without saving them (Qwen3.5's
+    full_attention_interval becomes layer_types), which llmexport reads."""
+    saved = json.loads(config_path.read_text())
+    saved["text_config"].update({key: value for key, value in text.items() if key not in saved["text_config"]})
+    config_path.write_text(json.dumps(saved, indent=1))
 
 
 LORA_RANK, LORA_ALPHA, LORA_TARGETS = 4, 8, ("q_proj", "v_proj")
@@ -280,6 +362,18 @@ def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
             dict(sorted(Counter(sub_ops).items())))
 
 
+def record_oracle_fresh(model_dir: Path, prompts: list[str]) -> dict:
+    """record_oracle with one MNN instance (one oracle process) per prompt: MNN's reset() keeps a
+    LinearAttention layer's state, so a prompt recorded after another would start from its state."""
+    records, logits = [], []
+    for text in prompts:
+        records.append(record_oracle(model_dir, [text]))
+        logits.append(np.load(model_dir / "first_logits.npy")[0])
+    np.save(model_dir / "first_logits.npy", np.stack(logits))
+    return {"settings": records[0]["settings"], "fresh_instance_per_prompt": True,
+            "prompts": [record["prompts"][0] for record in records]}
+
+
 def to_readable_json(value: dict) -> str:
     """JSON with one prompt record per line, so diffs of regenerated fixtures stay readable."""
     prompts = value["prompts"]
@@ -303,10 +397,15 @@ def make_fixture(spec: FixtureSpec) -> Path:
         else:
             export_mnn(hf_dir, out_dir, *spec.export_args, *extra)
         copy_model_files(out_dir, dest)
+        for table in out_dir.glob("ple_embeddings_*.bin"):
+            shutil.copy2(table, dest / table.name)
+        set_export_settings(dest, spec.settings)
         (dest / "hf").mkdir()
         for name in HF_FILES:
             if (hf_dir / name).exists():
                 shutil.copy2(hf_dir / name, dest / "hf" / name)
+        if spec.vision is not None or spec.composite:
+            save_text_model(hf_dir, dest / "hf")
         for name in EAGLE_FILES if spec.eagle else ():
             shutil.copy2(out_dir / name, dest / name)
         if spec.lora:
@@ -314,7 +413,7 @@ def make_fixture(spec: FixtureSpec) -> Path:
             (dest / "hf" / "adapter").mkdir()
             for name in ADAPTER_FILES:
                 shutil.copy2(Path(tmp) / "adapter" / name, dest / "hf" / "adapter" / name)
-    reference = record_oracle(dest, PROMPTS)
+    reference = record_oracle_fresh(dest, PROMPTS) if spec.stateful else record_oracle(dest, PROMPTS)
     reference["export_args"] = spec.export_args
     reference["family"] = spec.family
     reference["tied"] = spec.tied

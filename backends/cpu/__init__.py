@@ -34,6 +34,7 @@ from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_thr
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import CPUEncoderAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.linear import CPUConvolution, pack_linear  # noqa: E402
+from mnngpu.backends.cpu.ops.linear_attention import HostStateCache  # noqa: E402
 from mnngpu.ops.linear import is_pointwise, is_windowed  # noqa: E402
 from mnngpu.runtime.planned import PlannedExecution, Recording  # noqa: E402
 
@@ -182,6 +183,13 @@ class CPUBackend(Backend):
             self.kv_caches[layer] = KVCache(kv_heads, head_dim, zeros=self._kv_zeros,
                                             int8_keys=self.config.kv_quant >= 1, int8_values=self.config.kv_quant == 2)
         return self.kv_caches[layer]
+
+    # ---- recurrent state (runtime.kv.StateCache) ---------------------------------------------------
+    def _state_cache(self, name: str, shapes: dict[str, tuple[int, ...]]) -> HostStateCache:
+        """The state of the recurrent op `name`, made zero when absent (kept in `state_caches`)."""
+        if name not in self.state_caches:
+            self.state_caches[name] = HostStateCache(shapes)
+        return self.state_caches[name]
 
     def _parallel(self, fn, count: int) -> None:
         """fn(0..count-1) spread over the backend's threads (prefill tiles)."""

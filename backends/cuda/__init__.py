@@ -25,6 +25,7 @@ from mnngpu.backends.cuda.ops import EXECUTIONS
 from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache
 from mnngpu.backends.cuda.ops.linear import pack_linear
 from mnngpu.backends.cuda.ops.norm import pack_norm
+from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import ROUTING_OPS
 from mnngpu.runtime.kv import KVMeta
 
@@ -35,7 +36,8 @@ NO_ROUTING = ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAd
 
 class CUDABackend(Backend):
     type = "cuda"
-    caps = Capabilities(fixed_shape=True, lacking={op: NO_ROUTING for op in ROUTING_OPS})
+    caps = Capabilities(fixed_shape=True, lacking={**{op: NO_ROUTING for op in ROUTING_OPS},
+                                                   "LinearAttention": NO_DEVICE_KERNEL})
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta: KVMeta | None = None, *, storage: Storage | None = None):

@@ -26,6 +26,9 @@ from mnngpu.backends.opencl.ops.attention import DeviceKVCache
 from mnngpu.backends.opencl.ops.linear import pack_linear
 from mnngpu.backends.opencl.ops.norm import pack_norm
 from mnngpu.errors import ConfigError
+from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
+from mnngpu.ops.routing import SPARSE_MOE
+from mnngpu.runtime.moe import is_expert_op
 from mnngpu.runtime.planned import PlannedExecution, Recording
 
 FLOAT = np.dtype(np.float32)
@@ -34,7 +37,8 @@ DEFAULT_MAX_TOKENS = 2048
 
 class OpenCLBackend(Backend):
     type = "opencl"
-    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True)
+    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True,
+                        lacking={"LinearAttention": NO_DEVICE_KERNEL})
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
@@ -59,6 +63,7 @@ class OpenCLBackend(Backend):
         self.pool = memory.BufferPool(self.device.buffer)   # activations, shared by the pipelines
         self.recording = Recording(self._plan_buffers)
         self._pinned: set[int] = set()           # id()s of tensors another backend copies out
+        self._scratch_buffers: dict[int, cl.Buffer] = {}
         self.description = f"opencl on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
         log.info("OpenCL on %s, %s kernels, %s storage", self.device.name, self.variant, self.float_storage.name)
         if self.device.is_cpu:
@@ -79,6 +84,8 @@ class OpenCLBackend(Backend):
 
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution":
+            if is_expert_op(node.name) and SPARSE_MOE in self.executions:
+                return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
             node.weights["opencl"] = pack_linear(self, node.weights.pop("weight"))
         elif node.type == "LayerNorm":
             pack_norm(self, node)
@@ -141,6 +148,14 @@ class OpenCLBackend(Backend):
         if tensor.device is None:
             tensor.device = self._own_buffer(tensor)
         return tensor.device
+
+    def _scratch(self, elements: int) -> cl.Buffer:
+        """Float working memory of `elements` in float storage, shared by every kernel that asks for
+        that size (the queue runs them in order)."""
+        nbytes = elements * self.float_storage.itemsize
+        if nbytes not in self._scratch_buffers:
+            self._scratch_buffers[nbytes] = self.device.buffer(nbytes)
+        return self._scratch_buffers[nbytes]
 
     def _or_placeholder(self, buffer: cl.Buffer | None) -> cl.Buffer:
         return self.placeholder if buffer is None else buffer

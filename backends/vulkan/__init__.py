@@ -28,7 +28,10 @@ from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
 from mnngpu.errors import ConfigError, ModelFormatError
+from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
+from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.moe import is_expert_op
 
 DEFAULT_MAX_TOKENS = 2048
 VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chosen by device type otherwise
@@ -37,7 +40,8 @@ VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chos
 class VulkanBackend(Backend):
     type = "vulkan"
     # kv_int8: attention_mode 1 and 2 (ops/attention.py); storage: the KV cache's and dense weights'
-    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True)
+    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True,
+                        lacking={"LinearAttention": NO_DEVICE_KERNEL})
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):
@@ -81,6 +85,8 @@ class VulkanBackend(Backend):
     # ---- load ---------------------------------------------------------------------------------
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution" and packable(node.weights["weight"]):
+            if is_expert_op(node.name) and SPARSE_MOE in self.executions:
+                return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
             node.weights["vulkan"] = pack_linear(self, node.weights.pop("weight"))
         elif node.type == "LayerNorm":
             pack_norm(self, node)

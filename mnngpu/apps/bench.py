@@ -114,11 +114,16 @@ def runtime_cases(models: list[Path], backends: list[str], precisions: list[str]
 
 
 def load_model(case: RuntimeCase):
+    """The model of one case, each setting blamed on the flag of `mnngpu bench` that gave it."""
     from mnngpu import llm as mnngpu_llm
+    from mnngpu.config import CommandLine
 
     model = mnngpu_llm.create(case.model)
-    model.set_config({"backend_type": case.backend, "precision": case.precision, "memory": case.memory,
-                      "thread_num": case.threads, "reuse_kv": False, "speculative_type": case.speculative})
+    for flag, values in (("--backends", {"backend_type": case.backend}), ("--precision", {"precision": case.precision}),
+                         ("--memory", {"memory": case.memory}), ("--threads", {"thread_num": case.threads}),
+                         ("--speculative", {"speculative_type": case.speculative}),
+                         ("mnngpu bench", {"reuse_kv": False})):
+        model.config.set_config(values, source=CommandLine(flag))
     model.load()
     return model
 

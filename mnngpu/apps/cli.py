@@ -3,7 +3,8 @@
 Each subcommand lives in mnngpu/apps/commands/<name>.py with `register(subparsers)`, which adds
 its parser and sets `func`. Whatever goes wrong, stderr gets one `error: ...` line and no
 traceback (`--debug` shows the traceback instead): exit 2 for bad input (an MnnGpuError, a
-usage mistake), 130 for Ctrl-C, 1 for a bug in mnngpu. Warnings print as one `warning: ...` line.
+usage mistake), 130 for Ctrl-C, 1 for a bug in mnngpu. Warnings print as one `warning: ...` line
+(a notice, whose category has `line_prefix = "note"`, as one `note: ...` line).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _fail(message: str, code: int) -> int:
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    print("warning: " + " ".join(str(message).split()), file=sys.stderr)
+    prefix = getattr(category, "line_prefix", "warning")
+    print(f"{prefix}: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
 
 
 def _stdout_closed() -> int:

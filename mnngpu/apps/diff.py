@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mnngpu.config import SET_CONFIG
 from mnngpu.errors import InputError
 
 DEFAULT_TOLERANCE = 1e-3   # the agreement asked of every backend at precision high
@@ -88,22 +89,23 @@ def first_divergence(diffs: list[OpDiff], tolerance: float) -> OpDiff | None:
     return next((d for d in diffs if d.error > tolerance), None)
 
 
-def load_for_diff(path, backend_type: str, overrides: dict):
+def load_for_diff(path, backend_type: str, overrides: dict, source: str = SET_CONFIG):
     from mnngpu import llm
 
     model = llm.create(path)
-    model.set_config({"precision": "high", **overrides, "backend_type": backend_type})
+    model.config.set_config({"precision": "high", **overrides, "backend_type": backend_type}, source=source)
     model.load()
     model.runtime.schedule.backend_config.keep_tensors = True   # before the first resize
     return model
 
 
 def diff_backends(path, backends: list[str], ids: list[int] | None = None, prompt: str = "",
-                  overrides: dict | None = None) -> tuple[list[int], list[OpDiff]]:
-    """The per-op comparison of backends[0] against backends[1] on one prompt."""
+                  overrides: dict | None = None, source: str = SET_CONFIG) -> tuple[list[int], list[OpDiff]]:
+    """The per-op comparison of backends[0] against backends[1] on one prompt; warnings and errors
+    about `overrides` name `source` (set_config(), or a command-line flag)."""
     if len(backends) != 2:
         raise InputError(f"expected two backends to compare, got {backends}", field="--backends")
-    models = [load_for_diff(path, b, overrides or {}) for b in backends]
+    models = [load_for_diff(path, b, overrides or {}, source) for b in backends]
     if ids is None:
         ids = models[0].tokenizer_encode(prompt)
     if not ids:

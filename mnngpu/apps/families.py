@@ -32,6 +32,18 @@ SUPPORTED = {
     "qwen3_vl": "Qwen3-VL (text and image input: visual.mnn with its position table and deepstack rows, "
                 "as MNN's Omni)",
     "qwen2_audio": "Qwen2-Audio (text and audio input: audio.mnn on whisper log-mel features, as MNN's Omni)",
+    # LinearAttention (short_conv) keeps a recurrent state on the CPU: the device backends decline it
+    "lfm2": "LFM2 (short-convolution layers with a recurrent state, and attention layers; on the GPU "
+            "backends the convolutions run on the CPU backup; plain decoding only, no prefix cache)",
+    # LinearAttention (gated_delta_rule) likewise; the exporter's visual.mnn is not run (text only)
+    "qwen3_5": "Qwen3.5 (Gated DeltaNet layers with a recurrent state, and full-attention layers; text "
+               "input; on the GPU backends the DeltaNet layers run on the CPU backup; plain decoding only, "
+               "no prefix cache)",
+    "qwen3_5_moe": "Qwen3.5 MoE (as Qwen3.5, with routed experts and a gated shared expert)",
+    # the ple_embeddings input gets ple_embed_file's rows; the exporter rotates the full layers' partial
+    # rotary as the first rotary_dim dims, where HF's proportional rotary pairs dims half a head apart
+    "gemma4": ("Gemma 4 text (per-layer embeddings, sliding and full layers with their own rotary; "
+               "exported with one head width, and with the full layers' partial rotary laid out unlike HF's)"),
 }
 
 # families MNN's exporter writes that are known not to run yet, and why
@@ -39,6 +51,11 @@ NOT_SUPPORTED = {
     # mnngpu runs such an export exactly as MNN does; it is the export that is wrong
     "glm": ("MNN's exporter maps GLM-4 with its generic decoder, which rotates the partial rotary "
             "half-split instead of interleaved: the export is 2-4 logit std away from the source model"),
+    "gpt_oss": ("MNN's exporter 0.0.5 cannot export it with transformers 5: AttributeError: 'GptOssExperts' "
+                "object has no attribute 'act_fn' (llmexport/utils/transformers.py, Mlp.__init__)"),
+    "lfm2_moe": ("MNN's exporter 0.0.5 cannot export it with transformers 5: TypeError: topk(): argument 'k' "
+                 "must be int, not NoneType (its mapper reads the MoE block's top_k, which transformers 5 "
+                 "moved to the router)"),
 }
 
 

@@ -21,6 +21,7 @@ from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
 from mnngpu.runtime import op_table
+from mnngpu.runtime.moe import moe_param
 
 
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
@@ -40,6 +41,7 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "ops": dict(sorted(Counter(op.type for op in net.ops).items())),
         "n_ops": len(net.ops),
         "n_subgraphs": len(net.subgraphs),
+        "moe": moe_facts(net, weights.size if weights is not None else 0),
         "family": family_facts(config.get("model_type")),
         "support": op_support(net),
         "unsupported_keys": [{"key": error.field, "path": error.path, "error": str(error)}
@@ -94,6 +96,32 @@ def _linears(net: Net, weights: WeightFile | None) -> list[QuantizedLinear]:
             if op.type == "Convolution" and op.param_type == "Convolution2D"]
 
 
+def moe_facts(net: Net, weight_bytes: int) -> dict[str, Any] | None:
+    """A MoE export's experts: how many run per token, and the weight bytes a decode step reads
+    where only those run (the CPU's sparse node) against the file, which the dense path reads
+    whole. None for a model without MoE ops."""
+    moe_ops = [(position, op) for position, op in enumerate(net.ops) if op.type == "MoE"]
+    if not moe_ops:
+        return None
+    by_name = {graph.name: graph for graph in net.subgraphs}
+    expert_bytes = chosen_bytes = 0.0
+    params = [moe_param(net, op, f"oplists[{position}] ({op.name})") for position, op in moe_ops]
+    for param in params:
+        layer = sum(_stored_bytes(sub_op) for expert in range(param.num_experts)
+                    for sub_op in by_name[f"/expert/{param.layer_id}_{expert}"].ops if sub_op.type == "Convolution")
+        expert_bytes += layer
+        chosen_bytes += layer * param.top_k / param.num_experts
+    first = params[0]
+    return {"layers": len(params), "num_experts": first.num_experts, "top_k": first.top_k,
+            "expert_bytes": int(expert_bytes), "bytes_per_token": int(weight_bytes - expert_bytes + chosen_bytes)}
+
+
+def _stored_bytes(op: Op) -> int:
+    """The weight file bytes of a Convolution: its codes, alpha and bias (`external` sizes)."""
+    external = getattr(op.param, "external", None) or []
+    return int(sum(external[1:4]))
+
+
 def _file_sizes(folder: Path) -> dict[str, int]:
     return {entry.name: entry.stat().st_size for entry in sorted(folder.iterdir()) if entry.is_file()}
 
@@ -105,10 +133,12 @@ def _model_facts(net: Net, config: LlmConfig, linears: list[QuantizedLinear]) ->
     heads, head_dim = _attention_heads(net, 0)
     kv_heads, _ = _attention_heads(net, 1)
     n_attention = sum(op.type == "Attention" for op in net.ops)
+    n_linear = sum(op.type == "LinearAttention" for op in net.ops)
     return {
         "type": config.get("model_type"),
         "hidden_size": lm_head.ic if lm_head is not None else config.get("hidden_size"),
-        "layers": n_attention or config.get("layer_nums"),
+        "layers": (n_attention + n_linear) or config.get("layer_nums"),
+        "linear_layers": n_linear,
         "heads": heads,
         "kv_heads": kv_heads,
         "head_dim": head_dim,
@@ -287,6 +317,8 @@ def format_inspect_table(info: dict[str, Any]) -> str:
     by_count = sorted(info["ops"].items(), key=lambda item: (-item[1], item[0]))
     for i in range(0, len(by_count), 3):
         rows.append(("", "   ".join(f"{name:<14}{count:>5}" for name, count in by_count[i: i + 3])))
+    if info.get("moe"):
+        rows.append(("experts", _moe_line(info["moe"], info["weight_bytes"])))
     rows.extend(_support_rows(info["family"], info["support"]))
     rows.extend(_module_rows(info.get("modules", [])))
     keys = info["unsupported_keys"]
@@ -344,10 +376,19 @@ def _model_line(model: dict[str, Any]) -> str:
     def known(value: Any) -> str:
         return "?" if value is None else str(value)
 
-    line = (f"{known(model['type'])}: hidden {known(model['hidden_size'])}, {known(model['layers'])} layers, "
+    layers = f"{known(model['layers'])} layers"
+    if model["linear_layers"]:
+        layers += f" ({model['linear_layers']} linear-attention, the rest full attention)"
+    line = (f"{known(model['type'])}: hidden {known(model['hidden_size'])}, {layers}, "
             f"{known(model['heads'])} heads ({known(model['kv_heads'])} kv) of {known(model['head_dim'])}, "
             f"vocab {known(model['vocab'])}")
     return line + f"; embeddings: {model['embeddings']}"
+
+
+def _moe_line(moe: dict[str, Any], weight_bytes: int) -> str:
+    return (f"{moe['top_k']} of {moe['num_experts']} run per token in {moe['layers']} MoE layers; a decode step "
+            f"reads {_size(moe['bytes_per_token'])} of the {_size(weight_bytes)} file on the CPU (only the chosen "
+            f"experts), the whole file on OpenCL, Vulkan and CUDA (every expert runs)")
 
 
 def _size(n_bytes: int) -> str:

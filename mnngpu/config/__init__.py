@@ -3,10 +3,12 @@ and LlmConfig, which merges a model folder's files and overrides and checks them
 
 from mnngpu.config.keys import DEFAULTS, KEYS, KNOWN_KEYS, LOAD_TIME_KEYS
 from mnngpu.config.llm_config import (
-    COMMAND_LINE,
     CONFIG_FILE,
+    CONFIG_FLAG,
     KNOWN_BACKENDS,
     SET_CONFIG,
+    CommandLine,
+    ConfigNote,
     ConfigWarning,
     LlmConfig,
     as_overrides,
@@ -14,6 +16,6 @@ from mnngpu.config.llm_config import (
 )
 
 __all__ = [
-    "COMMAND_LINE", "CONFIG_FILE", "DEFAULTS", "KEYS", "KNOWN_BACKENDS", "KNOWN_KEYS", "LOAD_TIME_KEYS",
-    "SET_CONFIG", "ConfigWarning", "LlmConfig", "as_overrides", "deep_merge",
+    "CONFIG_FILE", "CONFIG_FLAG", "DEFAULTS", "KEYS", "KNOWN_BACKENDS", "KNOWN_KEYS", "LOAD_TIME_KEYS",
+    "SET_CONFIG", "CommandLine", "ConfigNote", "ConfigWarning", "LlmConfig", "as_overrides", "deep_merge",
 ]

@@ -5,7 +5,10 @@ must pass, its status, and whether only `load()` reads it. The status says what 
 
 * ``implemented``: mnngpu does what MNN does with it.
 * ``warned``: it changes only speed, memory or logging, and mnngpu does not act on it; a
-  value other than MNN's default draws one ConfigWarning line.
+  value other than MNN's default draws one ConfigWarning line naming where it came from. The
+  keys that tune MNN's own runtime to a machine (`quiet_in_folder`: memory, power,
+  dynamic_option) are silent when the model folder's files set them: a folder carries them
+  from its export or its publisher, and the user chose nothing; set_config() or a flag warns.
 * ``rejected``: a value outside `supported` changes what the model computes, and mnngpu does
   not compute it that way; LlmConfig raises ConfigError naming the key when it loads.
 * ``inert``: MNN itself does nothing with it for a text model mnngpu runs (it serves a part
@@ -142,6 +145,7 @@ class Key:
     own_check: Check | None = None   # stricter than "the JSON type of the default"
     supported: Check | None = None   # a rejected key: the values mnngpu runs as MNN does
     at_load: bool = False            # only load() reads it: set after load(), it waits for the next one
+    quiet_in_folder: bool = False    # warned: silent when a model folder's file sets it (see above)
 
     @property
     def check(self) -> Check | None:
@@ -155,8 +159,9 @@ def _done(note: str, default: Any = NO_DEFAULT, check: Check | None = None, at_l
     return Key(IMPLEMENTED, note, default, check, at_load=at_load)
 
 
-def _warned(note: str, default: Any = NO_DEFAULT, check: Check | None = None, at_load: bool = False) -> Key:
-    return Key(WARNED, note, default, check, at_load=at_load)
+def _warned(note: str, default: Any = NO_DEFAULT, check: Check | None = None, at_load: bool = False,
+            quiet_in_folder: bool = False) -> Key:
+    return Key(WARNED, note, default, check, at_load=at_load, quiet_in_folder=quiet_in_folder)
 
 
 def _inert(note: str, default: Any = NO_DEFAULT) -> Key:
@@ -184,7 +189,7 @@ _SPECULATIVE = "read by a speculative generation strategy only (speculative_type
 _DFLASH = "dflash drafts only (speculative_type dflash)"
 _NEVER_USED = "MNN reads it and never uses it"
 _TEMPLATES = "MNN reads it and never uses it (templates are jinja)"
-_PLE = "used only with ple_embed_file, which is rejected"
+_PLE = "Gemma 4's per-layer embeddings (ple_embed_file)"
 
 KEYS: dict[str, Key] = {
     # ---- files -------------------------------------------------------------------------------
@@ -225,10 +230,12 @@ KEYS: dict[str, Key] = {
     "thread_num": _done("CPU threads", 4, POSITIVE, at_load=True),
     "precision": _done("low and normal: fp16 where the backend has it; high: fp32", "low", _one_of(LEVELS),
                        at_load=True),
-    "power": _warned("MNN's CPU core selection (speed only)", "normal", _one_of(LEVELS), at_load=True),
+    "power": _warned("MNN's CPU core selection (speed only)", "normal", _one_of(LEVELS), at_load=True,
+                     quiet_in_folder=True),
     "memory": _warned("MNN's weight and activation storage choice (memory and speed)", "low", _one_of(LEVELS),
-                      at_load=True),
-    "dynamic_option": _warned("MNN's CPU activation quantization granularity; mnngpu's follows precision", 0),
+                      at_load=True, quiet_in_folder=True),
+    "dynamic_option": _warned("MNN's CPU activation quantization granularity; mnngpu's follows precision", 0,
+                              quiet_in_folder=True),
     "use_mmap": _done("cpu: the weights packing converts (not views of the mapped llm.mnn.weight) go to files "
                       "under tmp_path; other backends: one warning (weights in device memory)", False, at_load=True),
     "use_cached_mmap": _warned("MNN's cache of rearranged weights on disk", True),
@@ -259,7 +266,7 @@ KEYS: dict[str, Key] = {
                                 ('"float" or "int" (causal)', _equals("float", "int")), "int"),
     "attention_type": _done("full; mix: the layers the export marks sliding see only the last sliding_window keys "
                             "(cpu, opencl, vulkan; cuda: a ConfigError); sliding: causal without a window, as "
-                            "MNN's runtime masks it (one warning line)", "full", _one_of(ATTENTION_TYPES)),
+                            "MNN's runtime masks it (one note line)", "full", _one_of(ATTENTION_TYPES)),
     "sliding_window": _done("the key window of a mix export's sliding layers; with sliding, not applied (as MNN)",
                             0, NOT_NEGATIVE),
     "is_mrope": _done("an mrope graph (position_ids [3, seq]) gets MNN's time/height/width positions; "
@@ -278,10 +285,14 @@ KEYS: dict[str, Key] = {
     "has_talker": _warned("speech output is not supported; the text, vision and audio parts load and run", False),
     "has_deepstack": _done("Qwen3-VL: the LLM graph's deepstack_embeds input gets the vision graph's deepstack "
                            "features at an image's rows, zeros elsewhere", False),
-    "ple_embed_file": _rejected("per-layer embeddings are not implemented", ("unset", _equals(None))),
-    "ple_embed_scale": _inert(_PLE),
-    "ple_embed_dim": _inert(_PLE),
-    "ple_quant": _inert(_PLE),
+    "ple_embed_file": _done("Gemma 4: a file under base_dir of bf16 rows [vocab][ple_embed_dim], each token's rows "
+                            "fed (times ple_embed_scale) to the graph's ple_embeddings input at every forward",
+                            check=STRING, at_load=True),
+    "ple_embed_scale": _done(_PLE + ": the factor its rows are multiplied by", 1.0, at_load=True),
+    "ple_embed_dim": _done(_PLE + ": the width of its rows (every layer's rows side by side)", 0, NOT_NEGATIVE,
+                           at_load=True),
+    "ple_quant": _rejected("quantized per-layer embeddings (llmexport --embed_bit 4 or 8) are not implemented; "
+                           "export with the default --embed_bit 16", ("unset", _equals(None))),
     "load_disk_embedding_only": _inert(_MULTIMODAL),
     "is_embedding": _inert(_MULTIMODAL),
     "mllm": _done("the vision module's runtime (backend_type, thread_num, precision, power, memory); "

@@ -5,14 +5,16 @@ The load order follows MNN's engine:
 1. `config.json` (runtime settings). `base_dir` is its folder unless it sets `base_dir`.
 2. `llm_config.json` (the model's facts), found at `base_dir / config["llm_config"]`,
    deep-merged on top: **llm_config.json wins** where both set a key.
-3. `set_config(overrides)`, deep-merged on top.
+3. `set_config(overrides)`, deep-merged on top (the command line's flags go this way too).
 4. `context.json` (`base_dir / config["context_file"]`), if present, deep-merged into
    `jinja.context` by `merge_context_file()`, which `Llm.load()` calls, as MNN's `Llm::load`
    does: its keys win over a `set_config` made before the load.
 
 Every value is checked after loading and after each `set_config`; a bad one raises
 ConfigError naming the file that set it, the key and what was expected. Keys MNN never
-reads draw a ConfigWarning (most often a typo). Nothing here writes to the model folder.
+reads draw a ConfigWarning (most often a typo). Each value remembers its source: a file,
+`set_config()`, or a command-line flag (CommandLine); errors name a flag's key alone, warnings
+name the flag too. Nothing here writes to the model folder.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from mnngpu.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 SET_CONFIG = "set_config()"  # the "file" an override is blamed on
-COMMAND_LINE = ""  # overrides from the command line: errors name the key alone, as its flag does
 
 KNOWN_BACKENDS: tuple[str, ...] = tuple(REGISTRY)
 
@@ -40,8 +41,33 @@ class ConfigWarning(UserWarning):
     """A config file holds something MNN ignores (an unknown key, a base_dir it will not use)."""
 
 
+class ConfigNote(ConfigWarning):
+    """A fact about how an export runs, as in MNN, that no setting of the user's caused (a sliding
+    export's window not applied): the command line prints it as `note: ...`, not as a warning."""
+
+    line_prefix = "note"
+
+
+class CommandLine(str):
+    """A source on the command line: a flag (`--config`, `--precision`) or a command's own setting.
+    Errors name its key alone, as the user typed it; warnings add the flag."""
+
+
+CONFIG_FLAG = CommandLine("--config")
+
+
 def _blamed(source: str | None, key: str) -> str:
-    return f"{source}: {key}" if source else key
+    return f"{source}: {key}" if source and not isinstance(source, CommandLine) else key
+
+
+def _warning_text(source: str | None, key: str, message: str) -> str:
+    text = f"{_blamed(source, key)}: {message}"
+    return f"{text}; set by {source}" if isinstance(source, CommandLine) else text
+
+
+def _from_model_folder(source: str | None) -> bool:
+    """Whether a value came from one of the model folder's files (not set_config or a flag)."""
+    return bool(source) and source != SET_CONFIG and not isinstance(source, CommandLine)
 
 
 def _shown(value: Any) -> str:
@@ -103,8 +129,9 @@ class LlmConfig:
         self._raw = raw
         self._base_dir = base_dir
         self._config_path = config_path
-        self._origins: dict[str, str] = {}  # dotted key -> the file that set its current value
-        self._warned: set[str] = set()  # keys already warned about
+        self._origins: dict[str, str] = {}  # dotted key -> its value's source: a file, set_config(), a CommandLine
+        self._warned: set[str] = set()  # keys already warned about (as named)
+        self._names: dict[str, str] = {}  # key -> how messages name it (section_config: mllm.memory)
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -172,9 +199,17 @@ class LlmConfig:
                 self._record_origins(value, source, prefix + key + ".")
 
     def origin(self, dotted_key: str) -> str | None:
-        """The file (or set_config()) that set the key's current value; None for MNN's default
-        or the command line."""
-        return self._origin(dotted_key) or None
+        """The file (or set_config()) that set the key's current value, for an error to name; None
+        for MNN's default or the command line (the error then names the key alone)."""
+        source = self._origin(dotted_key)
+        return None if isinstance(source, CommandLine) else source or None
+
+    def is_set(self, dotted_key: str) -> bool:
+        """Whether a file, set_config() or the command line set the key (not MNN's default)."""
+        return self._origin(dotted_key) is not None
+
+    def _name(self, key: str) -> str:
+        return self._names.get(key, key)
 
     def _origin(self, dotted_key: str) -> str | None:
         while dotted_key:
@@ -188,19 +223,19 @@ class LlmConfig:
         value = self._raw.get(key, DEFAULTS[key])
         if not isinstance(value, str):
             raise ConfigError(f"expected a file name string, got {_shown(value)}",
-                              path=self._origin(key), field=key)
+                              path=self.origin(key), field=key)
         return value
 
     # ---- overrides and checks ------------------------------------------------------------
 
     def set_config(self, overrides: str | Mapping[str, Any], source: str = SET_CONFIG) -> None:
         """Deep-merge overrides (a JSON object string or a dict) on top; then re-check everything.
-        Errors and warnings blame `source` (COMMAND_LINE: no file, only the key).
+        Errors and warnings blame `source` (a CommandLine flag: errors name the key alone).
 
         On a bad value the error is raised and the configuration is left as it was."""
-        overrides = as_overrides(overrides, source)
+        overrides = as_overrides(overrides, None if isinstance(source, CommandLine) else source)
         if "base_dir" in overrides:
-            warnings.warn(f"{_blamed(source, 'base_dir')}: ignored; as in MNN, only config.json can set it",
+            warnings.warn(_warning_text(source, "base_dir", "ignored; as in MNN, only config.json can set it"),
                           ConfigWarning, stacklevel=2)
         before = (self._raw, dict(self._origins))
         self._merge(overrides, source)
@@ -209,6 +244,19 @@ class LlmConfig:
         except ConfigError:
             self._raw, self._origins = before
             raise
+
+    def section_config(self, section: str, keys: tuple[str, ...]) -> LlmConfig:
+        """A copy whose `keys` take the values the object `section` gives them (MNN's mllm: the
+        vision and audio modules' runtime), checked as such: errors and warnings name them
+        `section.key` and blame whatever set that (the folder's file, set_config(), a flag)."""
+        values = self.value(section) or {}
+        config = copy.deepcopy(self)
+        for key in keys:
+            if key in values:
+                config._names[key] = f"{section}.{key}"
+                config._merge({key: values[key]}, self._origin(f"{section}.{key}") or "")
+        config.validate()
+        return config
 
     def validate(self, check_support: bool = True) -> None:
         """Raise ConfigError for the first bad value; warn about keys MNN does not read."""
@@ -244,14 +292,17 @@ class LlmConfig:
             if key == "quant_qkv" and "attention_mode" in self._raw:
                 return  # MNN reads quant_qkv only when attention_mode is unset
             raise ConfigError(f"{_shown(value)} is not supported by mnngpu ({entry.note}); "
-                              f"supported: {entry.supported[0]}", path=self._origin(key), field=key)
+                              f"supported: {entry.supported[0]}", path=self.origin(key), field=self._name(key))
         if entry.status == WARNED and value != entry.default:
+            if entry.quiet_in_folder and _from_model_folder(self._origin(key)):
+                return  # the export's tuning of MNN's runtime, not the user's choice (keys.Key)
             self._warn_once(key, f"{_shown(value)} has no effect in mnngpu: {entry.note}")
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"{_blamed(self._origin(key), key)}: {message}", ConfigWarning, stacklevel=4)
+        name = self._name(key)
+        if name not in self._warned:
+            self._warned.add(name)
+            warnings.warn(_warning_text(self._origin(key), name, message), ConfigWarning, stacklevel=4)
 
     def _validate_jinja(self, jinja: Any) -> None:
         if not isinstance(jinja, dict):
@@ -261,7 +312,7 @@ class LlmConfig:
                 self._fail(f"jinja.{key}", expected, jinja[key])
 
     def _fail(self, key: str, expected: str, value: Any) -> None:
-        raise ConfigError(f"expected {expected}, got {_shown(value)}", path=self._origin(key) or None, field=key)
+        raise ConfigError(f"expected {expected}, got {_shown(value)}", path=self.origin(key), field=self._name(key))
 
     def validate_backend(self) -> None:
         """Check backend_type names a backend mnngpu has (whether its driver is present is
@@ -298,13 +349,13 @@ class LlmConfig:
         nothing is ever written there."""
         value = self.value(key)
         if not value:
-            raise ConfigError(f"{needed_by} needs a folder for its files; set {key}", path=self._origin(key),
+            raise ConfigError(f"{needed_by} needs a folder for its files; set {key}", path=self.origin(key),
                               field=key)
         folder = Path(value).resolve()
         base = self._base_dir.resolve()
         if folder == base or base in folder.parents:
             raise ConfigError(f"{folder} is inside the model folder, which mnngpu never writes to; choose "
-                              "another folder", path=self._origin(key), field=key)
+                              "another folder", path=self.origin(key), field=key)
         return folder
 
     def _file(self, key: str) -> Path:

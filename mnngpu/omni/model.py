@@ -18,7 +18,6 @@ and text positions. Speech output is not implemented.
 
 from __future__ import annotations
 
-import copy
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -134,9 +133,7 @@ class Omni(Llm):
         if not isinstance(mllm, dict):
             raise ConfigError(f"an object of runtime settings, got {mllm!r}", path=self.config.origin("mllm"),
                               field="mllm")
-        vision_config = copy.deepcopy(self.config)
-        vision_config.set_config({key: mllm[key] for key in MLLM_RUNTIME_KEYS if key in mllm})
-        runtime = RuntimeManager.from_config(vision_config)
+        runtime = RuntimeManager.from_config(self.config.section_config("mllm", MLLM_RUNTIME_KEYS))
         runtime.kv_meta.attn_scale = 0.0   # the LLM's attn_scale is not the vision graph's
         return runtime
 
@@ -308,8 +305,9 @@ class Omni(Llm):
 
     def _extra_feeds(self, rows: int) -> dict[str, np.ndarray]:
         """deepstack_embeds [layers, rows, hidden] for a Qwen3-VL graph: the image rows' features
-        the last _embed put in, zeros elsewhere (text, decode steps, a fixed-shape chunk's pad)."""
-        if not self.config.get("has_deepstack"):
+        the last _embed put in, zeros elsewhere (text, decode steps, a fixed-shape chunk's pad). A graph
+        without that input (Qwen3.5's, whose export sets has_deepstack too) gets none, as in MNN."""
+        if not self.config.get("has_deepstack") or "deepstack_embeds" not in self.graph_inputs:
             return {}
         layers = DEEPSTACK_LAYERS if self._deepstack is None else self._deepstack.shape[0]
         feed = np.zeros((layers, rows, self.config.hidden_size), dtype=np.float32)

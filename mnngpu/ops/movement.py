@@ -1,16 +1,18 @@
 """Data movement: views (Reshape, ConvertTensor, Identity, Squeeze, Unsqueeze), slices and
-gathers (StridedSlice, SliceTf, Gather, GatherV2), Concat, and the vision encoders' Transpose,
-Permute and Unpack. Their numpy semantics are the single source: device backends plan their copy
-kernels from them (runtime/movement.py). Layouts are logical NCHW: an NC4HW4 tensor holds the
-same values, so ConvertTensor is the identity here.
+gathers (StridedSlice, SliceTf, Gather, GatherV2), Slice (a split into several outputs), Concat,
+and the vision encoders' Transpose, Permute and Unpack. Their numpy semantics are the single
+source: device backends plan their copy kernels from them (runtime/movement.py). Layouts are
+logical NCHW: an NC4HW4 tensor holds the same values, so ConvertTensor is the identity here.
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mnngpu.errors import ModelFormatError
 from mnngpu.ops.common import ALWAYS, WITHOUT_SECOND_INPUT, OpType, Shape, evaluated, host_values, same
 
 if TYPE_CHECKING:
@@ -139,6 +141,39 @@ def concat_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]
     return [(tuple(shape), inputs[0].dtype)]
 
 
+def slice_lengths(node, inputs, extent: int) -> list[int]:
+    """The lengths of Slice's pieces along its axis, as MNN's shape rule reads its table: a CAFFE
+    table's slicePoints are the cut positions; otherwise the lengths come from input 1 or slicePoints
+    (one of them -1: the rest), or a single slicePoint is TORCH's piece length or TF's piece count."""
+    points = [int(p) for p in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else node.param.slicePoints or [])]
+    source = node.param.sourceType
+    if source == "CAFFE":
+        cuts = [0, *points, extent]
+        return [end - start for start, end in pairwise(cuts)]
+    if len(inputs) == 1 and len(points) == 1:
+        length = points[0] if source == "TORCH" else extent // points[0]
+        return [length] * (extent // length)
+    if not points:
+        raise ModelFormatError("Slice: expected its piece lengths (input 1 or slicePoints); the equal split into "
+                               "as many pieces as the op has outputs is not implemented", field=node.name)
+    if points.count(-1) == 1:
+        points[points.index(-1)] = extent - sum(p for p in points if p != -1)
+    if min(points) < 0 or sum(points) > extent:
+        raise ModelFormatError(f"Slice: expected piece lengths that fit the axis' {extent}, got {points}",
+                               field=node.name)
+    return points
+
+
+def split(node, inputs):
+    """MNN's Slice: x cut along `axis` into consecutive pieces (one output each, a tuple)."""
+    x = inputs[0]
+    axis = int(node.param.axis) % x.ndim
+    lengths = slice_lengths(node, inputs, x.shape[axis])
+    starts = np.cumsum([0, *lengths[:-1]])
+    lead = (slice(None),) * axis
+    return tuple(x[(*lead, slice(int(start), int(start) + length))] for start, length in zip(starts, lengths))
+
+
 # ---- the vision encoders' data movement (Qwen2-VL's patch embedding: Conv3d as MNN exports it) ----
 def slice_tf(node, inputs):
     """TF Slice: x[begin : begin + size] on each axis; a size of -1 runs to the end."""
@@ -173,6 +208,7 @@ ROWS = {
     "Gather": OpType(gather_rule, gather, min_inputs=2),
     "Concat": OpType(concat_rule, concat, param="Axis", param_required=ALWAYS),
     "SliceTf": OpType(evaluated(slice_tf), slice_tf, min_inputs=3),
+    "Slice": OpType(evaluated(split), split, param="Slice", param_required=ALWAYS),
     "Transpose": OpType(evaluated(transpose), transpose, min_inputs=2),
     "Permute": OpType(evaluated(permute), permute, param="Permute", param_required=ALWAYS),
     "Unpack": OpType(evaluated(unpack), unpack, param="Axis", param_required=ALWAYS),

@@ -2,6 +2,9 @@
 
 Its weights are gamma and beta, inline in the table or in the weight file at
 `external` = [offset, gamma_bytes, beta_bytes], stored back to back.
+
+MNN's converter also fuses a residual add into it (an LFM2 export's feed-forward norms): inputs
+(x, residual); with two outputs, x + residual and then its norm; with one, the norm of x + residual.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import numpy as np
 from mnngpu.errors import WeightFileError
 from mnngpu.format.params import LayerNorm
 from mnngpu.format.weights import WeightFile, read_floats
-from mnngpu.ops.common import ALWAYS, OpType, same
+from mnngpu.ops.common import ALWAYS, OpType, Shape
 
 
 def read_layernorm(weights: WeightFile | None, ln: LayerNorm,
@@ -39,6 +42,28 @@ def layer_norm_weights(weights: WeightFile | None, param: LayerNorm, name: str) 
     return {"gamma": gamma, "beta": beta}
 
 
+def norm_width(param, shape: Shape) -> int:
+    """How many trailing values one norm covers: its axes' extent; for a row per token laid out
+    (rows, channels, 1, 1) (MNN's fused transformer region, which normalizes over channels), the channels."""
+    if len(shape) == 4 and tuple(shape[2:]) == (1, 1):
+        return int(shape[1])
+    axes = len(param.axis) if getattr(param, "axis", None) else 1
+    return int(np.prod(shape[len(shape) - axes:], dtype=np.int64))
+
+
+def layer_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
+    """x's shape for each output: the norm, or with a residual input the sum and then the norm (an op
+    with one output keeps the first pair, of the same shape)."""
+    return [(inputs[0].shape, inputs[0].dtype)] * min(len(inputs), 2)
+
+
+def decline(node, inputs) -> str | None:
+    """The form the device kernels do not take (it runs on the CPU backup)."""
+    if len(inputs) > 1:
+        return "a LayerNorm fused with its residual add (two inputs) has no device kernel yet"
+    return None
+
+
 ROWS = {
-    "LayerNorm": OpType(same, param="LayerNorm", param_required=ALWAYS, weights=layer_norm_weights),
+    "LayerNorm": OpType(layer_norm, param="LayerNorm", param_required=ALWAYS, weights=layer_norm_weights),
 }

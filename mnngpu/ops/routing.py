@@ -1,5 +1,7 @@
-"""The MoE router's ops: Softmax, TopKV2 and Reduction, MNN's MoE op, and the engine's
-EXPERT_ADD node that runs it (runtime/moe.py inlines the expert subgraphs at load).
+"""The MoE router's ops: Softmax, TopKV2 and Reduction, MNN's MoE op, and the engine's two
+nodes that run it (runtime/moe.py): the EXPERT_ADD chain over the inlined expert subgraphs, which
+runs every expert for every token, and SPARSE_MOE, one node that runs only the chosen experts on
+a backend whose op table lists it.
 
 A device kernel views its input as (outer, n, inner), n the extent it works along, over one
 contiguous run of axes: `layout` gives that view and `decline` the cases a device kernel does
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from mnngpu.backend import Node, Tensor
 
 EXPERT_ADD = FUSED_PREFIX + "ExpertAdd"
+SPARSE_MOE = FUSED_PREFIX + "SparseMoE"
 ROUTING_OPS = ("Softmax", "TopKV2", "Reduction", EXPERT_ADD)
 # Reduction operations the kernels run, and the code they take (shaders: reduction)
 REDUCE_CODES = {"SUM": 0, "MEAN": 1, "MAXIMUM": 2, "MINIMUM": 3, "PROD": 4}
@@ -103,13 +106,28 @@ def reduction_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dty
 def expert_add_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     """EXPERT_ADD (runtime/moe.py): the expert output's (rows, H), once the routing holds top_k
     weights and ids for each of those rows."""
-    y, weights, selected = inputs[:3]
-    want = (y.shape[0] if len(y.shape) == 2 else -1) * node.param.top_k
-    if weights.size != want or selected.size != want or (len(inputs) > 3 and inputs[3].shape != y.shape):
-        raise ModelFormatError(f"a MoE expert output of shape (rows, hidden) and top_k={node.param.top_k} routing "
-                               f"entries per row, got output {y.shape}, weights {weights.shape} and expert ids "
-                               f"{selected.shape}", field=node.name)
+    y = inputs[0]
+    _check_routing(node, y, inputs[1:3], "expert output")
+    if len(inputs) > 3 and inputs[3].shape != y.shape:
+        raise ModelFormatError(f"a MoE sum of the expert output's shape {y.shape}, got {inputs[3].shape}",
+                               field=node.name)
     return [(y.shape, y.dtype)]
+
+
+def sparse_moe_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """SPARSE_MOE (runtime/moe.py): the hidden rows' (rows, H), top_k routing entries per row."""
+    hidden = inputs[0]
+    _check_routing(node, hidden, inputs[1:3], "hidden input")
+    return [(hidden.shape, hidden.dtype)]
+
+
+def _check_routing(node: Node, rows: Tensor, routing: list[Tensor], what: str) -> None:
+    weights, selected = routing
+    want = (rows.shape[0] if len(rows.shape) == 2 else -1) * node.param.top_k
+    if weights.size != want or selected.size != want:
+        raise ModelFormatError(f"a MoE {what} of shape (rows, hidden) and top_k={node.param.top_k} routing "
+                               f"entries per row, got {what} {rows.shape}, weights {weights.shape} and expert ids "
+                               f"{selected.shape}", field=node.name)
 
 
 # ---- what the device kernels take ----------------------------------------------------------------------
@@ -173,4 +191,6 @@ ROWS = {
     "MoE": OpType(same, param="Extra", param_required=ALWAYS, min_inputs=3, runs_as=EXPERT_ADD),
     EXPERT_ADD: OpType(expert_add_rule, expert_add, min_inputs=3,
                        fuses="MNN's MoE op: acc + (routing weight of expert e) * expert_e(x)"),
+    SPARSE_MOE: OpType(sparse_moe_rule, min_inputs=3,
+                       fuses="MNN's MoE op: the sum over the top_k chosen experts only, w * expert(x)"),
 }

@@ -8,6 +8,8 @@ kernels sees the graph as exported. The fused node types (each named with FUSED_
   one node, members [gate, up], output up*silu(gate). Saves the [seq, intermediate] tensors.
 * "LinearGroup": Convolutions reading the same x (q/k/v) -> one node with one output per
   member, so a backend can run them in one kernel launch.
+* "SparseMoE": one MoE op's inlined experts and EXPERT_ADD chain -> one node that runs only the
+  experts the router chose (runtime/moe.py: `sparse_experts`, which checks each expert's form).
 * "RoPE": x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half, s = head_dim/2) -> one
   node, inputs [x, cos, sin, *the two slices' bound inputs]. The split point is only known at
   resize: `rope_split()` checks the slices then; `RoPEParam.ops` keeps the original ops so a
@@ -25,8 +27,10 @@ import numpy as np
 
 from mnngpu.backend import Node, Tensor
 from mnngpu.ops.movement import strided_slice
+from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime import op_table
 from mnngpu.runtime.graph import GraphOp
+from mnngpu.runtime.moe import sparse_experts
 from mnngpu.runtime.op_table import FUSED_PREFIX, GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: F401 (fusion.ROPE, ...)
 
 
@@ -78,8 +82,12 @@ def _is(op, op_type: str, binary: str | None = None) -> bool:
     return binary is None or getattr(op.node.param, "opType", None) == binary
 
 
-def fuse(ops: list[GraphOp], supported: set[str], graph_outputs: set[int]) -> list[GraphOp]:
-    """The op list with every supported pattern replaced by its fused node."""
+def fuse(ops: list[GraphOp], supported: set[str], graph_outputs: set[int],
+         constants: dict[int, np.ndarray] | None = None) -> list[GraphOp]:
+    """The op list with every supported pattern replaced by its fused node (`constants`: the
+    graph's constant values, which the SparseMoE check reads)."""
+    if SPARSE_MOE in supported:
+        ops = sparse_experts(ops, constants or {})
     if GATED_LINEAR in supported:
         ops = _fuse_gated(_Graph(ops, graph_outputs))
     if LINEAR_GROUP in supported:

@@ -1,4 +1,5 @@
-"""The KV cache: KVMeta, the KVCache protocol every backend's caches follow, and what they share.
+"""The KV cache: KVMeta, the KVCache protocol every backend's caches follow, the StateCache protocol of
+a recurrent layer's state beside it, and what they share.
 
 KVMeta is what the next forward does to every layer's KV cache, shared by all Attention ops.
 
@@ -7,6 +8,12 @@ MNN's semantics: before a forward, `remove` tokens are dropped from the end of t
 appended. `sync()` after the forward makes `previous` the cache's new length.
 
 Like MNN's, it also carries the config's `attn_scale` to every Attention op.
+
+A recurrent layer (LinearAttention, mnngpu/ops/linear_attention.py) keeps a state instead of keys
+and values: the state after the `previous` tokens. KVMeta drives it too (`state_step`): a forward
+that keeps no token (the first after `reset()`, which clears the cache) starts from zero state, a
+chunked prefill carries it from chunk to chunk, and a forward that would drop tokens from behind
+it (`remove` with tokens kept, `reserve`) is refused: the state cannot be rolled back.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+from mnngpu.errors import MnnGpuError
 
 if TYPE_CHECKING:
     from mnngpu.backend import Backend
@@ -61,9 +70,8 @@ class KVCache(Protocol):
     interface they are float32 (kv_heads, length, head_dim), token 0 first. How many tokens are
     valid is KVMeta's, not the cache's: `read` and `write` take the length.
 
-    Today a cache holds one sequence. Several sequences and the recurrent state of a linear-attention
-    layer belong here as well: a sequence axis in front of the layout above, and state read,
-    written and cleared together with the keys and values, so that `reset` still clears everything.
+    Today a cache holds one sequence. Several sequences belong here as well: a sequence axis in
+    front of the layout above. A recurrent layer's state is the sibling protocol, StateCache.
     """
 
     kv_heads: int
@@ -88,6 +96,57 @@ class KVCache(Protocol):
 
     def reset(self) -> None:
         """Clear everything the cache holds (every value zero), keeping its capacity."""
+
+
+@runtime_checkable
+class StateCache(Protocol):
+    """One recurrent layer's state on one backend (a LinearAttention op's), the sibling of KVCache:
+    kept in the backend's `state_caches` under the op's name, made by the backend's executions.
+
+    The state is a few named float32 arrays of fixed shapes (ops.linear_attention.state_shapes):
+    "conv", the causal convolution's last inputs (channels, kernel - 1), and for the gated delta
+    rule "recurrent" (v heads, head_k_dim, head_v_dim). It holds what the tokens KVMeta counts as
+    `previous` left behind; `state_step` says when it starts from zero."""
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each part's shape."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage the state holds."""
+
+    def read(self) -> dict[str, np.ndarray]:
+        """float32 copies of every part."""
+
+    def write(self, parts: dict[str, np.ndarray]) -> None:
+        """Hold exactly these parts (the shapes of `shapes`)."""
+
+    def reset(self) -> None:
+        """Zero every part: the state before any token."""
+
+
+class StateRollbackError(MnnGpuError):
+    """A forward would drop tokens that a recurrent layer's state has already taken in."""
+
+
+def state_step(meta: KVMeta | None, layer: str) -> bool:
+    """Whether the next forward continues a recurrent layer's state (False: it starts from zero,
+    the cache keeping no token). Raises StateRollbackError for a forward that keeps some tokens but
+    drops later ones (a rejected verify block, a reserve), which would need the state rolled back."""
+    if meta is None or meta.kept == 0:
+        return False
+    if meta.remove or meta.reserve:
+        raise StateRollbackError(f"this forward drops {meta.remove} cached tokens, but layer {layer} keeps a "
+                                 "recurrent state that has taken them in and cannot be rolled back",
+                                 field="kv_meta.remove")
+    return True
+
+
+def cache_nbytes(backend: Backend) -> int:
+    """Bytes a backend holds for the sequence: every layer's keys and values and every recurrent state."""
+    return (sum(cache.nbytes for cache in backend.kv_caches.values())
+            + sum(state.nbytes for state in backend.state_caches.values()))
 
 
 def read_kv(backend: Backend, length: int) -> Layers:

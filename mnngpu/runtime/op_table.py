@@ -19,17 +19,29 @@ import numpy as np
 from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
 from mnngpu.errors import BackendUnavailableError, ModelFormatError
 from mnngpu.format.weights import WeightFile
-from mnngpu.ops import attention, elementwise, linear, movement, norm, pooling, rope, routing, shape
+from mnngpu.ops import (
+    attention,
+    elementwise,
+    linear,
+    linear_attention,
+    movement,
+    norm,
+    pooling,
+    rope,
+    routing,
+    shape,
+)
 from mnngpu.ops.common import ALWAYS, FUSED_PREFIX, WITHOUT_SECOND_INPUT, OpType
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
 from mnngpu.ops.rope import ROPE
-from mnngpu.ops.routing import EXPERT_ADD
+from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
 
 __all__ = ["ALWAYS", "EXPERT_ADD", "FUSED_PREFIX", "GATED_LINEAR", "LINEAR_GROUP", "OPS", "ROPE", "SOURCES",
+           "SPARSE_MOE",
            "WITHOUT_SECOND_INPUT", "OpType", "backend_op_tables", "decode_weights", "evaluate", "foldable",
            "graph_op_types", "has_weights", "implemented_by", "infer", "spec"]
 
-FAMILIES = (shape, movement, elementwise, linear, norm, attention, rope, pooling, routing)
+FAMILIES = (shape, movement, elementwise, linear, norm, attention, linear_attention, rope, pooling, routing)
 OPS: dict[str, OpType] = {name: op for family in FAMILIES for name, op in family.ROWS.items()}
 
 # The graph's sources: no op runs for them (the Session binds inputs, constants are host values).

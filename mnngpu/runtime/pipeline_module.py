@@ -2,7 +2,7 @@
 
 MNN splits a graph into sub-modules at control flow and at MoE ops (a MoEModule over the
 expert subgraphs); here the experts are inlined instead (runtime/moe.py), so there is one
-StaticModule. Constants are read here, including those whose data
+StaticModule, whose fusion folds each MoE op back into one sparse node where the backend has it. Constants are read here, including those whose data
 sits in the external weight file.
 """
 

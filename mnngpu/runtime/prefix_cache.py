@@ -66,8 +66,8 @@ def _ids_digest(ids: list[int]) -> str:
 
 
 def cache_directory(config) -> Path | None:
-    """prefix_cache_path when a config file or set_config sets it; None otherwise."""
-    if config.origin("prefix_cache_path") is None:
+    """prefix_cache_path when a config file, set_config or the command line sets it; None otherwise."""
+    if not config.is_set("prefix_cache_path"):
         return None
     return config.writable_folder("prefix_cache_path", "the prefix cache")
 

@@ -60,7 +60,7 @@ class StaticModule:
                 self.ops.append(GraphOp(node, list(op.inputs), list(op.outputs)))
         self.outputs = {name: net.tensor_names.index(name) for name in net.output_names}
         # Fused node types are used only where this backend's executions table has them.
-        self.ops = fuse(self.ops, set(backend.executions), set(self.outputs.values()))
+        self.ops = fuse(self.ops, set(backend.executions), set(self.outputs.values()), constants)
 
     @staticmethod
     def _new_node(op, weights: WeightFile, backend, rearrange: bool) -> Node:

@@ -11,9 +11,13 @@ or a wrong shape at the first forward:
   it is read, the graph takes only the inputs `Llm` feeds and gives `logits`;
 * a MoE op's expert subgraphs are all present, each with one input and one output, made of
   ops mnngpu runs (runtime/moe.py inlines them at load);
+* a LinearAttention's table agrees with itself and its conv_weight, in a mode mnngpu runs;
+* per-layer embeddings (Gemma 4): `ple_embed_file` set exactly when the graph takes
+  `ple_embeddings`, whose last dimension is `ple_embed_dim`;
 * the config agrees with the graph and the weights: `hidden_size` with the `input_ids`
   input and the lm_head, the embedding's row count with the lm_head's vocab, `layer_nums`
-  with the Attention ops, each Attention's `layer_index` unique and in range.
+  with the layers (Attention and LinearAttention ops), each Attention's `layer_index` unique
+  and in range.
 """
 
 from __future__ import annotations
@@ -22,15 +26,20 @@ from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
+from mnngpu.ops import linear_attention
 from mnngpu.runtime.moe import expert_subgraphs
 from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 
 # The graph inputs Llm feeds at every forward, and the output it reads.
 FEEDS = ("input_ids", "attention_mask", "position_ids", "logits_index")
 LOGITS = "logits"
-# Fed as well when the config says so (Omni): {config key: graph input}
+# Fed as well when the config says so and the graph takes it (Omni): {config key: graph input}. As in
+# MNN, a graph without the input runs without it: Qwen3.5's exports set has_deepstack, and only its
+# vision graph has deepstack features.
 OPTIONAL_FEEDS = {"has_deepstack": "deepstack_embeds"}
-
+LAYER_OPS = ("Attention", "LinearAttention")   # one op of these per decoder layer
+# Gemma 4's per-layer embedding rows: fed at every forward when ple_embed_file is set (mnngpu.embedding)
+PLE_FEED = "ple_embeddings"
 
 
 def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
@@ -40,8 +49,11 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
         raise _config_error(config, "has_deepstack", "false for a model without vision (is_visual false): "
                                                      "deepstack rows come from the vision graph")
     net = read_net(config.model_path)
-    check_graph(net, tuple(feed for key, feed in OPTIONAL_FEEDS.items() if config.get(key)))
+    extra = tuple(feed for key, feed in OPTIONAL_FEEDS.items() if config.get(key) and feed in graph_inputs(net))
+    check_ple_input(net, config)
+    check_graph(net, extra + ((PLE_FEED,) if uses_ple(config) else ()))
     check_dimensions(net, config, embedding)
+    check_recurrent_state(net, config)
     return net
 
 
@@ -67,6 +79,8 @@ def check_graph(net: Net, extra_feeds: tuple[str, ...] = ()) -> None:
         _check_arity(net, op, where)
         if op.type == "MoE":
             _check_experts(net, op, where, runnable)
+        if op.type == "LinearAttention":
+            _check_linear_attention(net, op, where)
         for tensor in op.inputs:
             if tensor not in produced:
                 raise _error(net, f"input tensor {tensor} ({_name(net, tensor)}) to be produced by an earlier op",
@@ -85,6 +99,24 @@ def _check_experts(net: Net, op: Op, where: str, runnable: set[str]) -> None:
             if sub_op.type not in runnable:
                 raise _error(net, f"an op type mnngpu runs, got {sub_op.type}",
                              f"subgraphs['{graph.name}'].nodes[{position}] ({sub_op.name})")
+
+
+def _check_linear_attention(net: Net, op: Op, where: str) -> None:
+    """The table's head dims agree with each other and with the conv_weight Const, and its mode is one
+    mnngpu runs (mnngpu/ops/linear_attention.py)."""
+    param = op.param
+    problem = linear_attention.param_problem(param)
+    if problem is not None:
+        field, expected = problem
+        raise _error(net, expected, f"{where}.{field}")
+    weight = next((source for source in net.ops if op.inputs[3] in source.outputs), None)
+    if weight is not None and weight.type == "Const":
+        weight_problem = linear_attention.conv_weight_problem(param, tuple(weight.param.dims or ()))
+        if weight_problem is not None:
+            raise _error(net, weight_problem, f"{where}.head_v_dim")
+    reason = linear_attention.refusal(param)
+    if reason is not None:
+        raise ModelFormatError(reason, path=net.path, field=f"{where}.attn_type")
 
 
 def _check_param(net: Net, op: Op, where: str) -> None:
@@ -115,16 +147,17 @@ def _check_arity(net: Net, op: Op, where: str) -> None:
                           f"and {len(op.outputs)}", where)
 
 
+def graph_inputs(net: Net) -> list[str]:
+    """The names of the graph's Input ops."""
+    return [op.name for op in net.ops if op.type == "Input"]
+
+
 def _check_interface(net: Net, extra_feeds: tuple[str, ...]) -> None:
-    inputs = [op.name for op in net.ops if op.type == "Input"]
+    inputs = graph_inputs(net)
     fed = (*FEEDS, *extra_feeds)
     unknown = [name for name in inputs if name not in fed]
     if unknown:
         raise _error(net, f"graph inputs among {list(fed)} (what Llm feeds), got {unknown}", "Input ops")
-    missing = [name for name in extra_feeds if name not in inputs]
-    if missing:
-        raise _error(net, f"the Input ops {missing} the config's {list(OPTIONAL_FEEDS)} ask for, got {inputs}",
-                     "Input ops")
     if "input_ids" not in inputs:
         raise _error(net, f"an Input op named input_ids, got {inputs}", "Input ops")
     if LOGITS not in net.output_names:
@@ -168,19 +201,56 @@ def find_lm_head(net: Net, max_steps: int = 16) -> Op | None:
 
 
 def _check_layers(net: Net, config: LlmConfig) -> None:
-    attention = [op for op in net.ops if op.type == "Attention"]
-    if not attention:
+    layers = [op for op in net.ops if op.type in LAYER_OPS]
+    if not layers:
         return
-    if config.layer_nums != len(attention):
-        raise _config_error(config, "layer_nums", f"{len(attention)}, the Attention ops in {net.path}, "
-                                                  f"got {config.layer_nums}")
+    if config.layer_nums != len(layers):
+        raise _config_error(config, "layer_nums", f"{len(layers)}, the Attention and LinearAttention ops in "
+                                                  f"{net.path}, got {config.layer_nums}")
     seen: set[int] = set()
-    for op in attention:
-        index = op.param.layer_index
-        if index >= 0 and (index >= len(attention) or index in seen):
-            raise ModelFormatError(f"a layer_index unique and in [0, {len(attention)}), got {index}",
+    for op in layers:
+        index = op.param.layer_index if op.type == "Attention" else -1
+        if index >= 0 and (index >= len(layers) or index in seen):
+            raise ModelFormatError(f"a layer_index unique and in [0, {len(layers)}), got {index}",
                                    path=net.path, field=f"{op.name}.layer_index")
         seen.add(index)
+
+
+def uses_ple(config: LlmConfig) -> bool:
+    """Whether the model has per-layer embeddings (ple_embed_file set, as MNN's has_ple)."""
+    return config.get("ple_embed_file") is not None
+
+
+def check_ple_input(net: Net, config: LlmConfig) -> None:
+    """ple_embed_file is set exactly when the graph takes ple_embeddings, and ple_embed_dim is the
+    input's width."""
+    ple_input = next((op for op in net.ops if op.type == "Input" and op.name == PLE_FEED), None)
+    if not uses_ple(config):
+        if ple_input is not None:
+            raise ConfigError(f"set: the graph {net.path} takes {PLE_FEED} (Gemma 4's per-layer embeddings), "
+                              "and this key names their file", path=config.base_dir / config.value("llm_config"),
+                              field="ple_embed_file")
+        return
+    if ple_input is None:
+        raise _config_error(config, "ple_embed_file", f"a graph with a {PLE_FEED} input; {net.path} has none")
+    width = (ple_input.param.dims or [0])[-1]
+    dim = config.value("ple_embed_dim")
+    if dim <= 0 or (width > 0 and width != dim):
+        raise _config_error(config, "ple_embed_dim", f"{width}, the last dimension of the graph's {PLE_FEED} "
+                                                     f"in {net.path}, got {dim}")
+
+
+def has_recurrent_state(net: Net) -> bool:
+    """Whether the graph keeps a recurrent state besides its KV cache (LinearAttention ops)."""
+    return any(op.type == "LinearAttention" for op in net.ops)
+
+
+def check_recurrent_state(net: Net, config: LlmConfig) -> None:
+    """The prefix cache's files hold keys and values only: refused for a model with recurrent state."""
+    if has_recurrent_state(net) and config.is_set("prefix_cache_path"):
+        raise ConfigError("not implemented for a model with recurrent state (LinearAttention layers): the "
+                          "prefix cache's files do not hold that state yet; remove the key",
+                          path=config.origin("prefix_cache_path"), field="prefix_cache_path")
 
 
 # ---- messages ----------------------------------------------------------------------------

@@ -63,11 +63,11 @@ inline float weight_at(__global const WEIGHT_T* w, __global const float* scales,
 #define ZERO(r, b) zeros[ROW(r) * nb + (b)]
 #endif
 
-// One row of x, 4 outputs per work-item: code . x summed per block, then scaled once per block:
+// One row of x, 4 outputs (o0 .. o0 + 3 of a matrix of oc rows) per work-item: code . x summed
+// per block, then scaled once per block:
 //     y[o] = sum_b scale[o, b] * (code[o, b] . x[b]) + zero[o, b] * sum(x[b]).
-__kernel void linear_rows_gemv(LINEAR_ARGS) {
-    const int o0 = get_global_id(0) * 4, t0 = 0;
-    if (o0 >= oc) return;
+inline float4 rows_gemv4(__global const WEIGHT_T* w, __global const float* scales, __global const float* zeros,
+                         __global const real_t* x, const int ic, const int oc, const int block, const int o0) {
     const int nb = ic / block;
     float4 acc = 0.0f;
     for (int b = 0; b < nb; b++) {
@@ -86,7 +86,70 @@ __kernel void linear_rows_gemv(LINEAR_ARGS) {
         const float4 zero = (float4)(ZERO(0, b), ZERO(1, b), ZERO(2, b), ZERO(3, b));
         acc = fma(scale, dots, fma(zero, (float4)HSUM16(xs), acc));
     }
+    return acc;
+}
+
+__kernel void linear_rows_gemv(LINEAR_ARGS) {
+    const int o0 = get_global_id(0) * 4, t0 = 0;
+    if (o0 >= oc) return;
+    const float4 acc = rows_gemv4(w, scales, zeros, x, ic, oc, block, o0);
     STORE_OUT(0, 0, acc.s0) STORE_OUT(1, 0, acc.s1) STORE_OUT(2, 0, acc.s2) STORE_OUT(3, 0, acc.s3)
+}
+
+// The experts a MoE router chose (fused.SparseMoE), with rows_gemv4: the weights, scales, zeros
+// and bias stack every expert's layer (expert e's rows start at e * rows per expert), and the
+// router wrote k expert ids and weights per row. An id outside [0, n_experts) gives NaN.
+#if defined(WEIGHT_Q4)
+#define ROW_CODES(ic) ((ic) / 2)
+#else
+#define ROW_CODES(ic) (ic)
+#endif
+#define EXPERT_ROWS(first, ic, nb) w + (size_t)(first) * ROW_CODES(ic), scales + (size_t)(first) * (nb), \
+                                   zeros + (size_t)(first) * (nb)
+#define BIAS4(first, o0, oc) (has_bias ? (float4)(bias[(first) + min((o0), (oc) - 1)],                  \
+    bias[(first) + min((o0) + 1, (oc) - 1)], bias[(first) + min((o0) + 2, (oc) - 1)],                      \
+    bias[(first) + min((o0) + 3, (oc) - 1)]) : (float4)0.0f)
+#define STORE4_ROW(p, base, o0, oc, v) { STORE(p, (base) + (o0), (v).s0);                   \
+    if ((o0) + 1 < (oc)) STORE(p, (base) + (o0) + 1, (v).s1);                                           \
+    if ((o0) + 2 < (oc)) STORE(p, (base) + (o0) + 2, (v).s2);                                           \
+    if ((o0) + 3 < (oc)) STORE(p, (base) + (o0) + 3, (v).s3); }
+#define EXPERT_ARGS __global const WEIGHT_T* w, __global const float* scales, __global const float* zeros, \
+                    __global const float* bias, __global const int* ids, const int ic, const int oc,      \
+                    const int block, const int k, const int n_experts, const int has_bias
+
+// Entry (row, slot) = global id 1, row * k + slot: act[entry] = up * silu(gate) of expert
+// ids[entry] on x[row], gate_up stacked [expert][2 * oc rows] (gate_first: the gate half first).
+__kernel void expert_gated_gemv(__global real_t* act, __global const real_t* x, EXPERT_ARGS, const int gate_first) {
+    const int o0 = get_global_id(0) * 4, entry = get_global_id(1);
+    if (o0 >= oc) return;
+    const int e = ids[entry], nb = ic / block;
+    float4 v = (float4)NAN;
+    if (e >= 0 && e < n_experts) {
+        const int gate = (2 * e + (gate_first ? 0 : 1)) * oc, up = (2 * e + (gate_first ? 1 : 0)) * oc;
+        const __global real_t* row = x + (size_t)(entry / k) * ic;
+        const float4 g = rows_gemv4(EXPERT_ROWS(gate, ic, nb), row, ic, oc, block, o0) + BIAS4(gate, o0, oc);
+        const float4 u = rows_gemv4(EXPERT_ROWS(up, ic, nb), row, ic, oc, block, o0) + BIAS4(up, o0, oc);
+        v = u * g / (1.0f + exp(-g));
+    }
+    STORE4_ROW(act, (size_t)entry * oc, o0, oc, v)
+}
+
+// Row = global id 1: y[row] = sum over its k slots of weight * down_{ids}(act[row * k + slot]),
+// down stacked [expert][oc rows].
+__kernel void expert_down_gemv(__global real_t* y, __global const real_t* act, __global const real_t* weights,
+                               EXPERT_ARGS) {
+    const int o0 = get_global_id(0) * 4, row = get_global_id(1);
+    if (o0 >= oc) return;
+    const int nb = ic / block;
+    float4 acc = 0.0f;
+    for (int slot = 0; slot < k; slot++) {
+        const int entry = row * k + slot, e = ids[entry];
+        if (e < 0 || e >= n_experts) { acc += (float4)NAN; continue; }
+        const float4 out = rows_gemv4(EXPERT_ROWS(e * oc, ic, nb), act + (size_t)entry * ic, ic, oc, block, o0)
+                           + BIAS4(e * oc, o0, oc);
+        acc = fma((float4)LOAD(weights, entry), out, acc);
+    }
+    STORE4_ROW(y, (size_t)row * oc, o0, oc, acc)
 }
 
 // Many rows of x: 4 outputs x 4 tokens per work-item. Each 32-input group of the 4 weight rows

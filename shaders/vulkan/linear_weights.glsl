@@ -30,12 +30,24 @@ LAYER_BUFFERS(6, up_)
 #define PICK(layer, gate, up) (gate)
 #endif
 
+// -DEXPERT (linear_gemv.comp): the buffers stack every expert of a MoE op, each laid out as one
+// layer; choose_expert() points these at the chosen expert's first element before its loads.
+#ifdef EXPERT
+uint expert_weights = 0u;
+uint expert_blocks = 0u;
+uint expert_bias = 0u;
+#else
+const uint expert_weights = 0u;
+const uint expert_blocks = 0u;
+const uint expert_bias = 0u;
+#endif
+
 // The quad's dequantized weights for inputs 8g .. 8g + 7: lo[c] holds inputs 0-3 of channel
 // 4q + c, hi[c] inputs 4-7.
 void load_group(uint layer, uint g, uint q, uint quads, uint blk, out vec4 lo[4], out vec4 hi[4]) {
 #if defined(DENSE)
     for (uint c = 0u; c < 4u; c++) {
-        uint at = ((g * quads + q) * 4u + c) * 8u;
+        uint at = expert_weights + ((g * quads + q) * 4u + c) * 8u;
         float v[8];
         for (uint i = 0u; i < 8u; i++) v[i] = float(PICK(layer, gate_weight[at + i], up_weight[at + i]));
         lo[c] = vec4(v[0], v[1], v[2], v[3]);
@@ -43,17 +55,20 @@ void load_group(uint layer, uint g, uint q, uint quads, uint blk, out vec4 lo[4]
     }
 #else
     // unpackUnorm4x8 turns 4 bytes into 4 floats / 255: the 255 is folded into the scale
-    vec4 scale = PICK(layer, gate_scales[blk * quads + q], up_scales[blk * quads + q]) * 255.0;
-    vec4 zero = PICK(layer, gate_zeros[blk * quads + q], up_zeros[blk * quads + q]);
+    uint sb = expert_blocks + blk * quads + q;
+    vec4 scale = PICK(layer, gate_scales[sb], up_scales[sb]) * 255.0;
+    vec4 zero = PICK(layer, gate_zeros[sb], up_zeros[sb]);
 #if defined(Q4)
-    uvec4 word = PICK(layer, gate_weight[g * quads + q], up_weight[g * quads + q]);
+    uint at = expert_weights + g * quads + q;
+    uvec4 word = PICK(layer, gate_weight[at], up_weight[at]);
     for (uint c = 0u; c < 4u; c++) {
         lo[c] = unpackUnorm4x8(word[c] & 0x0F0F0F0Fu) * scale[c] + zero[c];
         hi[c] = unpackUnorm4x8((word[c] >> 4u) & 0x0F0F0F0Fu) * scale[c] + zero[c];
     }
 #else
-    uvec4 first = PICK(layer, gate_weight[(2u * g) * quads + q], up_weight[(2u * g) * quads + q]);
-    uvec4 second = PICK(layer, gate_weight[(2u * g + 1u) * quads + q], up_weight[(2u * g + 1u) * quads + q]);
+    uint at = expert_weights + (2u * g) * quads + q;
+    uvec4 first = PICK(layer, gate_weight[at], up_weight[at]);
+    uvec4 second = PICK(layer, gate_weight[at + quads], up_weight[at + quads]);
     for (uint c = 0u; c < 4u; c++) {
         lo[c] = unpackUnorm4x8(first[c]) * scale[c] + zero[c];
         hi[c] = unpackUnorm4x8(second[c]) * scale[c] + zero[c];
@@ -63,7 +78,7 @@ void load_group(uint layer, uint g, uint q, uint quads, uint blk, out vec4 lo[4]
 }
 
 vec4 layer_bias(uint layer, uint q) {
-    return pc.has_bias != 0u ? PICK(layer, gate_bias[q], up_bias[q]) : vec4(0.0);
+    return pc.has_bias != 0u ? PICK(layer, gate_bias[expert_bias + q], up_bias[expert_bias + q]) : vec4(0.0);
 }
 
 // x . W of one group of 8 inputs (xa, xb) for the quad's 4 channels

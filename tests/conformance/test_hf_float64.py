@@ -7,7 +7,8 @@ scale = (max - min) / (2^bits - 1); symmetric blocks store clamp(round(w / scale
 scale = max|w| / (2^(bits-1) - 1); a block size that does not divide the row is halved until it
 does, and block 0 means one block per row. `--quant_bit 16` stores fp16. The lm_head uses the same
 bits; embeddings are bf16, or quantized the same way with `--embed_bit`, or, when the lm_head is
-tied to them, the lm_head's quantized rows. Norms and biases stay float.
+tied to them, the lm_head's quantized rows; Gemma 4's per-layer embedding table is bf16. Norms and
+biases stay float.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def float64_source_model(name: str, options: dict):
                 stored = torch.from_numpy(fake_quantize(table.numpy(), options["embed_bit"],
                                                         options["quant_block"], options["sym"]))
             embed.weight.copy_(stored)
+        per_layer = getattr(model.model, "embed_tokens_per_layer", None)
+        if per_layer is not None:   # ple_embeddings_bf16.bin (llmexport's default --embed_bit 16)
+            per_layer.weight.copy_(per_layer.weight.float().to(torch.bfloat16).double())
     return model.eval()
 
 

@@ -33,6 +33,10 @@ def reference(name: str) -> dict:
     return json.loads((fixture_dir(name) / "reference.json").read_text())
 
 
+def llm_config(name: str) -> dict:
+    return json.loads((fixture_dir(name) / "llm_config.json").read_text())
+
+
 def hf_config(name: str) -> dict:
     return json.loads((fixture_dir(name) / "hf" / "config.json").read_text())
 
@@ -97,6 +101,49 @@ def add_exporter_names(tensors: dict, hf: dict) -> None:
             tensors[key.replace("gate_up_proj", "up_proj")] = up
 
 
+# llmexport names every family's modules as Llama's; where HF's own names differ, one of these
+# chains of renames, applied in turn, gives the checkpoint's name: LFM2's short convolution layers,
+# attention output, feed-forward and norms; Qwen3.5's Gated DeltaNet layers.
+HF_RENAMES = (
+    (("self_attn.in_proj", "conv.in_proj"), ("self_attn.out_proj", "conv.out_proj"), ("mlp.", "feed_forward."),
+     ("input_layernorm", "operator_norm"), ("post_attention_layernorm", "ffn_norm"), ("q_norm", "q_layernorm"),
+     ("k_norm", "k_layernorm"), ("model.norm.", "model.embedding_norm."), ("self_attn.o_proj", "self_attn.out_proj")),
+    (("self_attn.in_proj_", "linear_attn.in_proj_"), ("self_attn.out_proj", "linear_attn.out_proj"),
+     ("self_attn.norm.", "linear_attn.norm.")),
+)
+
+
+def in_checkpoint(name: str, tensors: dict) -> str:
+    """`name` as the checkpoint spells it: as is, or renamed by the first HF_RENAMES chain that finds it
+    (unchanged when none does, so the caller's lookup names it)."""
+    if name in tensors:
+        return name
+    for chain in HF_RENAMES:
+        renamed = name
+        for old, new in chain:
+            renamed = renamed.replace(old, new)
+        if renamed in tensors:
+            return renamed
+    return name
+
+
+# HF text-only configs whose model_type llmexport writes as the family's (Gemma 3's keeps its own)
+EXPORTED_FAMILY = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "gemma4_text": "gemma4"}
+
+
+# families whose export writes each RMSNorm as plain ops (its weight a Const of the graph), no LayerNorm op
+NORMS_AS_PLAIN_OPS = {"gemma4"}
+
+
+def family(hf: dict) -> str:
+    """The model_type llmexport writes for this HF config."""
+    return EXPORTED_FAMILY.get(hf["model_type"], hf["model_type"])
+
+
+def expert_count(hf: dict) -> int:
+    return hf.get("num_local_experts") or hf.get("num_experts") or 0
+
+
 def hf_linear_name(op_name: str, tensors: dict) -> str:
     """'/layers.0/self_attn/q_proj/Linear' -> 'model.layers.0.self_attn.q_proj.weight'."""
     if "lm_head" in op_name:
@@ -106,26 +153,42 @@ def hf_linear_name(op_name: str, tensors: dict) -> str:
         layer, index, proj = expert.groups()
         return f"model.layers.{layer}.mlp.experts.{index}.{proj}.weight"
     parts = [p for p in op_name.split("/") if p and p != "Linear"]
-    return "model." + ".".join(parts) + ".weight"
+    return in_checkpoint("model." + ".".join(parts) + ".weight", tensors)
 
 
-def linears_per_layer(hf: dict) -> int:
-    """q, k, v, o, then gate, up, down (Phi-2: fc1, fc2, no gate; Phi-3: gate_up packed, down); or for
-    a MoE layer its router and each expert's gate_up and down."""
-    experts = hf.get("num_local_experts", 0)
-    mlp = 2 if hf["model_type"] in ("phi", "phi3") else 3
-    return 4 + (1 + 2 * experts if experts else mlp)
+# A recurrent layer's own linear layers, by HF's layer_types name: LFM2's short convolution (in_proj,
+# out_proj), Qwen3.5's Gated DeltaNet (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj); any
+# other layer type is attention's q, k, v, o.
+RECURRENT_LINEARS = {"conv": 2, "linear_attention": 5}
 
 
-def hf_norm_name(op_name: str) -> str:
+# Gemma 4's per-layer embeddings: each layer's per_layer_input_gate and per_layer_projection, and the
+# model's one per_layer_model_projection
+PLE_LINEARS = 2
+
+
+def linears_in_layers(hf: dict) -> int:
+    """Every decoder layer's linear layers: its attention's (or recurrent layer's), then gate, up, down
+    (Phi-2: fc1, fc2, no gate; Phi-3: gate_up packed, down); or for a MoE layer its router, each
+    expert's gate_up and down, and a shared expert's gate, up, down and gate (Qwen3.5-MoE); and Gemma 4's
+    per-layer embedding linears (PLE_LINEARS, plus the model's projection)."""
+    experts = expert_count(hf)
+    shared = 4 if hf.get("shared_expert_intermediate_size") else 0
+    mlp = 1 + 2 * experts + shared if experts else 2 if hf["model_type"] in ("phi", "phi3") else 3
+    kinds = hf.get("layer_types") or ["full_attention"] * hf["num_hidden_layers"]
+    per_layer = PLE_LINEARS if hf.get("hidden_size_per_layer_input") else 0
+    return sum(RECURRENT_LINEARS.get(kind, 4) + mlp + per_layer for kind in kinds) + (per_layer > 0)
+
+
+def hf_norm_name(op_name: str, tensors: dict) -> str:
     """'/blocks.0/input_layernorm/Mul_1_output_0' -> 'model.layers.0.input_layernorm.weight';
     the final norm's op is named after its output, 'hidden_states' -> 'model.norm.weight' (in an
     EAGLE export, where hidden_states is another output, '/final_layernorm/...')."""
     if op_name == "hidden_states" or op_name.startswith("/final_layernorm/"):
-        return "model.norm.weight"
+        return in_checkpoint("model.norm.weight", tensors)
     parts = [p for p in op_name.split("/") if p][:-1]
     parts[0] = parts[0].replace("blocks.", "layers.")
-    return "model." + ".".join(parts) + ".weight"
+    return in_checkpoint("model." + ".".join(parts) + ".weight", tensors)
 
 
 # --- mnnconvert -------------------------------------------------------------------------

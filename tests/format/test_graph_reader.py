@@ -15,6 +15,7 @@ from tests.format.format_truth import (
     FIXTURE_NAMES,
     fixture_dir,
     json_to_mnn,
+    llm_config,
     mismatches,
     mnn_to_json,
     needs_fixtures,
@@ -75,7 +76,9 @@ def test_op_counts_match_the_recorded_reference(name):
 def test_graph_facts_the_engine_relies_on(name):
     net = read_net(fixture_dir(name) / "llm.mnn")
     inputs = {op.name: op.param for op in net.ops if op.type == "Input"}
-    assert set(inputs) == {"input_ids", "attention_mask", "position_ids", "logits_index"}
+    # Gemma 4's graph also takes its per-layer embedding rows, whose file llm_config.json names
+    ple = {"ple_embeddings"} if "ple_embed_file" in llm_config(name) else set()
+    assert set(inputs) == {"input_ids", "attention_mask", "position_ids", "logits_index"} | ple
     assert inputs["position_ids"].dtype == "DT_INT32" and inputs["input_ids"].dtype == "DT_FLOAT"
     assert net.output_names == ["logits", "hidden_states"]
     for op in net.ops:

@@ -18,7 +18,7 @@ from mnngpu.errors import BackendUnavailableError, ConfigError
 from mnngpu.format.enums import OP_TYPE
 from mnngpu.runtime import op_table
 from tests.format import fb_writer as fbw
-from tests.format.format_truth import FIXTURE_NAMES, fixture_dir, hf_config, needs_fixtures, reference
+from tests.format.format_truth import FIXTURE_NAMES, family, fixture_dir, hf_config, needs_fixtures, reference
 
 TYPE_CODE = {name: code for code, name in OP_TYPE.items()}
 
@@ -34,7 +34,7 @@ def executions(backend_type: str) -> set[str] | None:
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name):
     info = inspect_model(fixture_dir(name))
-    assert info["family"]["model_type"] == hf_config(name)["model_type"] and info["family"]["supported"]
+    assert info["family"]["model_type"] == family(hf_config(name)) and info["family"]["supported"]
     support = info["support"]
     ref = reference(name)
     counts = Counter(ref["op_counts"]) + Counter(ref.get("subgraph_op_counts", {}))   # a MoE export's experts

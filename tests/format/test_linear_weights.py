@@ -20,12 +20,14 @@ from mnngpu.format.weights import WeightFile
 from mnngpu.ops.norm import read_layernorm
 from tests.format.format_truth import (
     FIXTURE_NAMES,
+    NORMS_AS_PLAIN_OPS,
+    family,
     fixture_dir,
     hf_config,
     hf_linear_name,
     hf_norm_name,
     hf_tensors,
-    linears_per_layer,
+    linears_in_layers,
     needs_fixtures,
 )
 
@@ -92,8 +94,7 @@ def test_every_linear_layer_within_half_a_step_of_hf(name):
     weights = WeightFile(folder / "llm.mnn.weight")
     bf16_source = bf16_checkpoint(name)
     convs = [op for graph in [net, *net.subgraphs] for op in graph.ops if op.type == "Convolution"]
-    per_layer = linears_per_layer(hf_config(name))
-    assert len(convs) == per_layer * len([op for op in net.ops if op.type == "Attention"]) + 1
+    assert len(convs) == linears_in_layers(hf_config(name)) + 1
     for op in convs:
         conv, lin = op.param, read_linear(weights, op.param, op.name)
         truth = tensors[hf_linear_name(op.name, tensors)]
@@ -143,11 +144,18 @@ def test_layernorm_gamma_equals_hf_norm_weights(name):
     net, tensors = read_net(folder / "llm.mnn"), hf_tensors(name)
     weights = WeightFile(folder / "llm.mnn.weight")
     norms = [op for op in net.ops if op.type == "LayerNorm"]
+    if family(hf_config(name)) in NORMS_AS_PLAIN_OPS:
+        assert not norms
+        consts = [op.param.array().ravel() for op in net.ops if op.type == "Const"]
+        for weight_name, weight in tensors.items():
+            if weight_name.endswith("norm.weight"):
+                assert any(np.array_equal(const, weight.ravel()) for const in consts), weight_name
+        return
     assert norms
-    offset = 1.0 if hf_config(name)["model_type"].startswith("gemma") else 0.0  # Gemma scales by 1 + weight
     for op in norms:
         gamma, beta = read_layernorm(weights, op.param, op.name)
-        weight_name = hf_norm_name(op.name)
+        weight_name = hf_norm_name(op.name, tensors)
+        offset = gamma_offset(hf_config(name), weight_name)
         np.testing.assert_array_equal(gamma, tensors[weight_name] + np.float32(offset), err_msg=op.name)
         bias = tensors.get(weight_name.replace(".weight", ".bias"))
         if bias is None:   # RMSNorm
@@ -155,6 +163,16 @@ def test_layernorm_gamma_equals_hf_norm_weights(name):
         else:              # LayerNorm (Phi-2)
             assert not op.param.useRMSNorm
             np.testing.assert_array_equal(beta, bias, err_msg=op.name)
+
+
+def gamma_offset(hf: dict, weight_name: str) -> float:
+    """What the exporter adds to HF's norm weight: Gemma's and Qwen3.5's RMSNorm scale by 1 + weight,
+    except Qwen3.5's gated norm inside a Gated DeltaNet layer, which scales by the weight."""
+    if hf["model_type"].startswith("gemma"):
+        return 1.0
+    if hf["model_type"].startswith("qwen3_5"):
+        return 0.0 if ".linear_attn.norm." in weight_name else 1.0
+    return 0.0
 
 
 def _embedding_rows_file(folder, config: dict) -> str:

@@ -84,6 +84,15 @@ def set_json(name: str, **values) -> Callable[[Path], None]:
     return apply
 
 
+def drop_json_key(name: str, key: str) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        path = folder / name
+        config = json.loads(path.read_text())
+        del config[key]
+        path.write_text(json.dumps(config))
+    return apply
+
+
 def patch(name: str, edit: Callable[[bytearray, Path], None]) -> Callable[[Path], None]:
     def apply(folder: Path) -> None:
         path = folder / name
@@ -241,7 +250,7 @@ def every_model_damages(model: str) -> list[Damage]:
                ModelFormatError, "load", "nothing.mnn"),
         Damage("hidden_size disagrees with the weights", set_json("llm_config.json", hidden_size=96), ConfigError,
                "load", "llm_config.json"),
-        Damage("layer_nums disagrees with the graph", set_json("llm_config.json", layer_nums=3), ConfigError,
+        Damage("layer_nums disagrees with the graph", set_json("llm_config.json", layer_nums=99), ConfigError,
                "load", "llm_config.json"),
         Damage("tokenizer vocab larger than the model's", use_tokenizer("huggingface"), InputError, "response",
                None),
@@ -290,7 +299,44 @@ def specific_damages() -> list[tuple[str, Damage]]:
                                       ModelFormatError, "load", "llm.mnn")),
         ("qwen2_int4_b64", Damage("weights of another quantization", swap_in("llm.mnn.weight", "qwen2_int8_b0"),
                                   (WeightFileError, ModelFormatError), "load", None)),
+        *((GEMMA4, damage) for damage in per_layer_embedding_damages()),
+        ("qwen2_int4_b64", per_layer_embedding_without_its_input()),
     ]
+
+
+GEMMA4, PLE_FILE, PLE_WIDTH = "gemma4_int4_b64", "ple_embeddings_bf16.bin", 128
+
+
+def per_layer_embedding_damages() -> list[Damage]:
+    """Gemma 4's per-layer embedding file (ple_embed_file) and the keys that describe it."""
+    return [
+        Damage("per-layer embedding missing", remove(PLE_FILE), WeightFileError, "load", PLE_FILE),
+        Damage("per-layer embedding short by a row", cut_bytes(PLE_FILE, 2 * PLE_WIDTH), WeightFileError, "load",
+               PLE_FILE),
+        Damage("per-layer embedding a row too long", patch(PLE_FILE, _append(2 * PLE_WIDTH)), WeightFileError,
+               "load", PLE_FILE),
+        Damage("per-layer embedding row NaN", patch(PLE_FILE, _nan_row(2, PLE_WIDTH)), WeightFileError, "forward",
+               PLE_FILE),
+        Damage("ple_embed_dim not the graph's", set_json("llm_config.json", ple_embed_dim=64), ConfigError, "load",
+               "llm_config.json"),
+        Damage("ple_embed_file unset for a graph with per-layer embeddings",
+               drop_json_key("llm_config.json", "ple_embed_file"), ConfigError, "load", "llm_config.json"),
+        Damage("ple_embed_file names a missing file", set_json("llm_config.json", ple_embed_file="ple.bin"),
+               WeightFileError, "load", "ple.bin"),
+    ]
+
+
+def per_layer_embedding_without_its_input() -> Damage:
+    """ple_embed_file set for a graph that takes no ple_embeddings (any other family's)."""
+    return Damage("ple_embed_file set for a graph without per-layer embeddings",
+                  set_json("llm_config.json", ple_embed_file="embeddings_bf16.bin", ple_embed_dim=64), ConfigError,
+                  "load", "llm_config.json")
+
+
+def _append(count: int) -> Callable[[bytearray, Path], None]:
+    def edit(data: bytearray, folder: Path) -> None:
+        data.extend(b"\0" * count)
+    return edit
 
 
 def tokenizer_format_damages() -> list[Damage]:

@@ -11,12 +11,15 @@ from mnngpu.backends.cpu.ops.attention import CPUAttention
 from mnngpu.backends.cpu.ops.base import HostOpExecution
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, UnaryExecution
 from mnngpu.backends.cpu.ops.linear import CPUGatedLinear, CPULinear
+from mnngpu.backends.cpu.ops.linear_attention import CPULinearAttention
+from mnngpu.backends.cpu.ops.routing import CPUSparseMoE
 from mnngpu.backends.cpu.ops.movement import ViewExecution
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm
 from mnngpu.backends.cpu.ops.rope import CPURoPE
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
 from mnngpu.ops.movement import VIEW_OPS
 from mnngpu.ops.rope import ROPE
+from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime.op_table import OPS
 
 EXECUTIONS = {
@@ -29,5 +32,7 @@ EXECUTIONS = {
     GATED_LINEAR: CPUGatedLinear,
     "LayerNorm": CPULayerNorm,
     "Attention": CPUAttention,
+    "LinearAttention": CPULinearAttention,
     ROPE: CPURoPE,
+    SPARSE_MOE: CPUSparseMoE,
 }

@@ -7,6 +7,7 @@ import numpy as np
 
 from mnngpu import jit
 from mnngpu.backends.cpu.ops.base import CPUExecution
+from mnngpu.ops import norm
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -62,11 +63,12 @@ def layer_norm(x: np.ndarray, gamma, beta, eps: float, rms: bool, axes: int) -> 
 
 
 class CPULayerNorm(CPUExecution):
+    """With a residual input (mnngpu/ops/norm.py), x + residual first: into the first of two outputs,
+    else into a work array."""
+
     def plan(self, inputs, outputs):
         p = self.node.param
-        axes = len(p.axis) if getattr(p, "axis", None) else 1
-        shape = inputs[0].shape
-        self.n = int(np.prod(shape[len(shape) - axes:]))
+        self.n = norm.norm_width(p, inputs[0].shape)
         empty = np.zeros(0, dtype=np.float32)
         gamma, beta = self.node.weights.get("gamma"), self.node.weights.get("beta")
         if bool(p.useRMSNorm) and beta is not None and not beta.any():
@@ -76,10 +78,17 @@ class CPULayerNorm(CPUExecution):
         self.eps, self.rms = float(p.epsilon), bool(p.useRMSNorm)
 
     def bind(self):
-        self.x = self.value(self.inputs[0]).reshape(-1, self.n)
-        self.out = self.outputs[0].device.reshape(-1, self.n)
-        self.args = (self.x, self.gamma, self.beta, self.eps, self.rms, self.out)
+        x = self.value(self.inputs[0]).reshape(-1, self.n)
+        self.addends = None
+        if len(self.inputs) > 1:
+            self.addends = (x, self.value(self.inputs[1]).reshape(-1, self.n))
+            x = (self.outputs[0].device.reshape(-1, self.n) if len(self.outputs) > 1
+                 else self.backend._scratch("residual_sum", x.shape))
+        self.out = self.outputs[-1].device.reshape(-1, self.n)
+        self.args = (x, self.gamma, self.beta, self.eps, self.rms, self.out)
         self.norm_rows = jit.runnable(norm_rows, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
+        if self.addends is not None:
+            np.add(*self.addends, out=self.args[0])
         self.norm_rows(*self.args)

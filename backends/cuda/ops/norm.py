@@ -6,6 +6,7 @@ import numpy as np
 
 from mnngpu.backend import Node
 from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.ops import norm
 
 
 def pack_norm(backend, node: Node) -> None:
@@ -21,11 +22,13 @@ def norm_threads(cols: int) -> int:
 
 
 class LayerNormExecution(CudaExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return norm.decline(node, inputs)
+
     def onResize(self, inputs, outputs):
         p, backend = self.node.param, self.backend
-        axes = len(p.axis) if getattr(p, "axis", None) else 1
-        shape = inputs[0].shape
-        cols = int(np.prod(shape[len(shape) - axes:], dtype=np.int64))
+        cols = norm.norm_width(p, inputs[0].shape)
         rows = inputs[0].size // max(1, cols)
         gamma, beta = self.node.weights["cuda"]
         args = (np.int32(cols), np.int32(bool(p.useRMSNorm)), np.float32(p.epsilon),

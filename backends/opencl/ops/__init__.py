@@ -1,5 +1,5 @@
-"""The OpenCL backend's op table: op type -> Execution class. RoPE and ExpertAdd are fused node
-types (runtime/fusion.py): listing them opts this backend into those rewrites."""
+"""The OpenCL backend's op table: op type -> Execution class. RoPE, ExpertAdd and SparseMoE are
+fused node types (runtime/fusion.py): listing them opts this backend into those rewrites."""
 
 from mnngpu.backends.opencl.ops.attention import AttentionOp
 from mnngpu.backends.opencl.ops.elementwise import BinaryExecution, CastExecution, UnaryExecution
@@ -11,11 +11,12 @@ from mnngpu.backends.opencl.ops.routing import (
     ExpertAddExecution,
     ReductionExecution,
     SoftmaxExecution,
+    SparseMoEExecution,
     TopKExecution,
 )
 from mnngpu.ops.movement import VIEW_OPS
 from mnngpu.ops.rope import ROPE
-from mnngpu.ops.routing import EXPERT_ADD
+from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
 
 EXECUTIONS = {
     **{op: ViewExecution for op in VIEW_OPS},
@@ -34,4 +35,5 @@ EXECUTIONS = {
     "TopKV2": TopKExecution,
     "Reduction": ReductionExecution,
     EXPERT_ADD: ExpertAddExecution,
+    SPARSE_MOE: SparseMoEExecution,
 }

@@ -6,6 +6,10 @@ other quantized widths are one code a byte; float weights are stored as the acti
 (fp32 or fp16). Kernels by variant and rows of x:
     cpu: linear_rows_gemv / linear_rows_gemm (registers only), linear_generic for odd shapes
     gpu: linear_gemv_group (one row of x), linear_gemm_tiled (local-memory tiles)
+
+A MoE op's experts (fused.SparseMoE, ops/routing.py) are packed together instead: `pack_experts`
+stacks every expert's arrays, expert after expert, in one buffer each. Their Convolutions are
+left unpacked at load (`linear_weights` packs one at its first use where the MoE op stays dense).
 """
 
 from __future__ import annotations
@@ -48,26 +52,53 @@ def group_nibbles(codes: np.ndarray) -> np.ndarray:
     return (groups[:, :, 0] | (groups[:, :, 1] << 4)).astype(np.uint8).reshape(rows, ic // 2)
 
 
-def pack_linear(backend, weight) -> DeviceLinear:
-    device = backend.device
-    bias = None if weight.bias is None else device.constant(np.asarray(weight.bias, dtype=np.float32))
+def _arrays(backend, weight) -> tuple[str, int, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(layout, block, codes or dense weight, scales, zeros) of a layer, as the kernels read them."""
     if not weight.is_quantized:
-        dense = np.asarray(weight.float_weight, dtype=backend.float_storage)
-        return DeviceLinear(weight.oc, weight.ic, weight.ic, "DENSE", device.constant(dense), None, None, bias)
-    scales = device.constant(np.asarray(weight.scales, dtype=np.float32))
-    zeros = device.constant(np.asarray(weight.zeros, dtype=np.float32))
+        return "DENSE", weight.ic, np.asarray(weight.float_weight, dtype=backend.float_storage), None, None
+    scales, zeros = (np.asarray(a, dtype=np.float32) for a in (weight.scales, weight.zeros))
     if weight.bits == 4 and weight.ic % 32 == 0 and weight.block_size % 32 == 0:
         codes = np.concatenate([group_nibbles(weight.unpacked_codes(slice(start, start + REPACK_ROWS)))
                                 for start in range(0, weight.oc, REPACK_ROWS)])
-        layout = "Q4"
-    else:
-        codes, layout = weight.unpacked_codes(), "Q8"
-    return DeviceLinear(weight.oc, weight.ic, weight.block_size, layout, device.constant(codes), scales, zeros, bias)
+        return "Q4", weight.block_size, codes, scales, zeros
+    return "Q8", weight.block_size, weight.unpacked_codes(), scales, zeros
+
+
+def _constant(device, array: np.ndarray | None) -> cl.Buffer | None:
+    return None if array is None else device.constant(array)
+
+
+def pack_linear(backend, weight) -> DeviceLinear:
+    layout, block, codes, scales, zeros = _arrays(backend, weight)
+    bias = None if weight.bias is None else np.asarray(weight.bias, dtype=np.float32)
+    device = backend.device
+    return DeviceLinear(weight.oc, weight.ic, block, layout, device.constant(codes), _constant(device, scales),
+                        _constant(device, zeros), _constant(device, bias))
+
+
+def linear_weights(backend, node) -> DeviceLinear:
+    """The node's packed weights, packing them now where the load left them raw (an expert's)."""
+    if "opencl" not in node.weights:
+        node.weights["opencl"] = pack_linear(backend, node.weights.pop("weight"))
+    return node.weights["opencl"]
+
+
+def pack_experts(backend, weights: list) -> DeviceLinear:
+    """Every expert's layer (alike in kind and shape), stacked expert after expert: a DeviceLinear
+    of len(weights) * oc rows whose expert e is rows [e * oc, (e + 1) * oc)."""
+    packed = [_arrays(backend, w) for w in weights]
+    layout, block = packed[0][:2]
+    first = weights[0]
+    stacked = [None if packed[0][i] is None else np.concatenate([p[i] for p in packed]) for i in (2, 3, 4)]
+    bias = None if first.bias is None else np.concatenate([np.asarray(w.bias, dtype=np.float32) for w in weights])
+    device = backend.device
+    return DeviceLinear(len(weights) * first.oc, first.ic, block, layout,
+                        *(_constant(device, a) for a in (*stacked, bias)))
 
 
 class LinearExecution(KernelExecution):
     def plan(self, inputs, outputs):
-        w: DeviceLinear = self.node.weights["opencl"]
+        w = linear_weights(self.backend, self.node)
         n = inputs[0].size // w.ic
         or_placeholder = self.backend._or_placeholder
         args = [outputs[0], inputs[0], w.weight,

@@ -6,6 +6,7 @@ import numpy as np
 
 from mnngpu.backend import Node
 from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.ops import norm
 
 NORM_WG = 64    # norm_group's work-group size (norm.cl)
 ROWS_GROUP = 4  # rows per work-group in norm_rows
@@ -19,11 +20,14 @@ def pack_norm(backend, node: Node) -> None:
 
 
 class LayerNormExecution(KernelExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return norm.decline(node, inputs)
+
     def plan(self, inputs, outputs):
         p = self.node.param
         x = inputs[0]
-        axes = len(p.axis) if getattr(p, "axis", None) else 1
-        width = int(np.prod(x.shape[len(x.shape) - axes:], dtype=np.int64))
+        width = norm.norm_width(p, x.shape)
         rows = x.size // width
         gamma, beta = self.node.weights["opencl"]
         or_placeholder = self.backend._or_placeholder

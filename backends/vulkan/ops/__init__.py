@@ -1,5 +1,5 @@
 """The Vulkan backend's op table: op type -> Execution class. LinearGroup, GatedLinear and RoPE
-are fused node types (runtime/fusion.py), as is ExpertAdd: listing them here opts this backend
+are fused node types (runtime/fusion.py), as are ExpertAdd and SparseMoE: listing them here opts this backend
 into those rewrites."""
 
 from mnngpu.backends.vulkan.ops.attention import AttentionOp
@@ -8,11 +8,11 @@ from mnngpu.backends.vulkan.ops.linear import VulkanLinear
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
-from mnngpu.backends.vulkan.ops.routing import VulkanExpertAdd, VulkanRouting
+from mnngpu.backends.vulkan.ops.routing import VulkanExpertAdd, VulkanRouting, VulkanSparseMoE
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
 from mnngpu.ops.movement import VIEW_OPS
 from mnngpu.ops.rope import ROPE
-from mnngpu.ops.routing import EXPERT_ADD
+from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
 
 EXECUTIONS = {
     "Convolution": VulkanLinear,
@@ -32,5 +32,6 @@ EXECUTIONS = {
     "TopKV2": VulkanRouting,
     "Reduction": VulkanRouting,
     EXPERT_ADD: VulkanExpertAdd,
+    SPARSE_MOE: VulkanSparseMoE,
     **{op: VulkanView for op in VIEW_OPS},
 }

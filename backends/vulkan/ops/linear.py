@@ -7,6 +7,11 @@ byte, scales, zeros and bias as float32 [block][channel]. Unquantized layers, an
 not a whole number of groups of 8, are stored dense (fp16 at precision low where the device has
 it). A layer whose arrays exceed maxStorageBufferRange (lavapipe: 128 MiB) is split into parts of
 output channels, each with its own buffers and dispatch.
+
+A MoE op's experts (fused.SparseMoE) are packed together instead: `pack_experts` stacks one row
+range of every expert's layer, each laid out as above, in one part of one buffer per array, so the
+expert kernels (linear_gemv -DEXPERT) index the chosen expert's slice. Their Convolutions are left
+unpacked at load (`linear_weights` packs one at its first use where the MoE op stays dense).
 """
 
 from __future__ import annotations
@@ -127,6 +132,38 @@ def pack_linear(backend, weight: QuantizedLinear) -> PackedLinear:
     return PackedLinear(name, weight.oc, weight.ic, block, weight.ic // block, parts)
 
 
+def linear_weights(backend, node) -> PackedLinear:
+    """The node's packed weights, packing them now where the load left them raw (an expert's)."""
+    if "vulkan" not in node.weights:
+        node.weights["vulkan"] = pack_linear(backend, node.weights.pop("weight"))
+    return node.weights["vulkan"]
+
+
+def stacked_bytes(weights: list[QuantizedLinear], rows: int, item: int) -> int:
+    """The largest buffer `pack_experts` makes for `rows` channels of every expert's layer."""
+    return len(weights) * _padded(rows) * _row_bytes(weights[0], weight_kind(weights[0]), item)
+
+
+def pack_experts(backend, weights: list[QuantizedLinear], start: int, stop: int) -> PackedLinear:
+    """Channels [start, stop) of every expert's layer (same_layout), stacked expert after expert in
+    one part; expert e's arrays begin at e times one expert's size."""
+    first = weights[0]
+    kind = weight_kind(first)
+    quantized = kind != "dense"
+
+    def stack(arrays) -> DeviceTensor | None:
+        return None if arrays[0] is None else backend._constant(np.stack(arrays))
+
+    packed = stack([_pack_rows(w, kind, backend.store_dtype, start, stop) for w in weights])
+    scales = stack([_per_channel(w.scales, start, stop) for w in weights]) if quantized else None
+    zeros = stack([_per_channel(w.zeros, start, stop) for w in weights]) if quantized else None
+    bias = stack([_per_channel(w.bias, start, stop) for w in weights])
+    block = first.block_size if quantized else first.ic
+    name = backend._kernel_name("dense") if not quantized else kind
+    part = LinearPart(0, stop - start, packed, scales, zeros, bias)
+    return PackedLinear(name, stop - start, first.ic, block, first.ic // block, [part])
+
+
 def _members(node) -> list:
     """The Convolution nodes an Execution runs: the node itself, or a fused node's members."""
     return list(node.param.members) if node.type in (LINEAR_GROUP, GATED_LINEAR) else [node]
@@ -141,18 +178,19 @@ class VulkanLinear(VulkanExecution):
         for member in _members(node):
             if "vulkan" not in member.weights:
                 raw = member.weights.get("weight")
-                if raw is not None and not packable(raw):
+                if raw is None:
+                    return "its weights were not packed for Vulkan"
+                if not packable(raw):
                     return f"input width {raw.ic} is not a multiple of {GROUP}"
-                return "its weights were not packed for Vulkan"
         if node.type == GATED_LINEAR:
-            gate, up = (m.weights["vulkan"] for m in _members(node))
-            if (gate.kind, gate.ic, gate.oc, gate.block_size) != (up.kind, up.ic, up.oc, up.block_size):
+            gate, up = (_layout(m.weights) for m in _members(node))
+            if gate != up:
                 return "gate and up weights differ in kind or shape"
         return None
 
     def onResize(self, inputs, outputs):
         backend = self.backend
-        packed = [m.weights["vulkan"] for m in _members(self.node)]
+        packed = [linear_weights(backend, m) for m in _members(self.node)]
         x = inputs[0].device
         n = inputs[0].size // packed[0].ic
         if self.node.type == GATED_LINEAR:
@@ -179,6 +217,16 @@ class VulkanLinear(VulkanExecution):
             groups = (quad_groups, n, 1) if split else quad_groups if gemv else \
                 (quad_groups, -(-n // GEMM_TILE_ROWS), 1)
             self.dispatch(kernel, bindings, push, groups, writes=(5,))
+
+
+def _layout(weights: dict) -> tuple:
+    """(kind, ic, oc, block) of a layer, packed or still raw."""
+    packed = weights.get("vulkan")
+    if packed is not None:
+        return packed.kind.split("_")[0], packed.ic, packed.oc, packed.block_size
+    raw = weights["weight"]
+    kind = weight_kind(raw)
+    return kind, raw.ic, raw.oc, raw.block_size if kind != "dense" else raw.ic
 
 
 def _part_buffers(part: LinearPart, spare: DeviceTensor) -> list[DeviceTensor]:

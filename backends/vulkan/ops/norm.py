@@ -6,6 +6,7 @@ import numpy as np
 
 from mnngpu.backends.vulkan.ops.base import VulkanExecution
 from mnngpu.backends.vulkan.program import pack_push
+from mnngpu.ops import norm
 
 
 def pack_norm(backend, node) -> None:
@@ -17,12 +18,14 @@ def pack_norm(backend, node) -> None:
 
 
 class VulkanLayerNorm(VulkanExecution):
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        return norm.decline(node, inputs)
+
     def onResize(self, inputs, outputs):
         backend = self.backend
         p = self.node.param
-        axes = len(p.axis) if getattr(p, "axis", None) else 1
-        shape = inputs[0].shape
-        n = int(np.prod(shape[len(shape) - axes:], dtype=np.int64))
+        n = norm.norm_width(p, inputs[0].shape)
         rows = inputs[0].size // max(n, 1)
         if "vulkan_norm" not in self.node.weights:
             pack_norm(backend, self.node)

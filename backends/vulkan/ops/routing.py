@@ -1,11 +1,33 @@
 """The MoE router's ops (Softmax, TopKV2, Reduction) and the EXPERT_ADD node on the device
-(shaders/vulkan/routing.comp), so a MoE layer's routing stays in the recorded commands."""
+(shaders/vulkan/routing.comp), so a MoE layer's routing stays in the recorded commands; and
+SPARSE_MOE, which runs only the experts the router chose.
+
+SPARSE_MOE packs its experts' gate, up and down layers stacked (ops/linear.py `pack_experts`,
+once per node, the first time it is resized) and records two dispatches of linear_gemv -DEXPERT
+whatever the row count: the gated GEMV over every (row, slot) entry, k per row, reading the
+expert id the router wrote for that entry on the device, into a (rows * k, width) buffer; then
+the down GEMV per row, summing its k slots times their routing weights. The commands are fixed
+(k experts per row) and replay every step with no trip through the host; the expert weights read
+per row are k experts' of num_experts.
+"""
 
 from __future__ import annotations
 
+from mnngpu.backends.vulkan.device import shared_device
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
+from mnngpu.backends.vulkan.ops.linear import (
+    GROUP,
+    GROUP_SIZE,
+    QUAD,
+    PackedLinear,
+    _part_buffers,
+    pack_experts,
+    packable,
+    stacked_bytes,
+)
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import routing
+from mnngpu.runtime.moe import drop_raw_weights, raw_expert_weights, unstackable
 
 
 class VulkanRouting(VulkanExecution):
@@ -43,3 +65,62 @@ class VulkanExpertAdd(VulkanExecution):
                          int(len(inputs) > 3))
         self.dispatch("routing_expert_add", [y.device, weights.device, selected.device, acc, out], push,
                       element_groups(y.size))
+
+
+class VulkanSparseMoE(VulkanExecution):
+    """out[t] = sum over the k experts chosen for row t of w[t, j] * down(up * silu(gate))(x[t])."""
+
+    @classmethod
+    def decline(cls, inputs, outputs, node):
+        if "vulkan" in node.weights:
+            return None
+        experts = node.param.experts
+        gate_ups, downs = raw_expert_weights(experts)
+        reason = unstackable(gate_ups, downs, experts)
+        if reason is not None or not (packable(gate_ups[0]) and packable(downs[0])):
+            return reason or f"the expert layers' input widths are not multiples of {GROUP}"
+        largest = max(stacked_bytes(gate_ups, gate_ups[0].oc // 2, 4), stacked_bytes(downs, downs[0].oc, 4))
+        if largest > shared_device().max_binding_bytes:
+            return (f"its experts stacked take {largest} bytes, more than this device's maxStorageBufferRange "
+                    f"({shared_device().max_binding_bytes})")
+        return None
+
+    def onResize(self, inputs, outputs):
+        backend = self.backend
+        gate, up, down = self._stacked()
+        hidden, weights, selected = inputs
+        rows, k = hidden.shape[0], self.node.param.top_k
+        act = backend._scratch(rows * k * gate.oc * 4)
+        out = outputs[0].device = backend._new_tensor(outputs[0])
+        spare = backend.placeholder
+        route = [selected.device, weights.device]
+        self.dispatch(f"linear_gemv_{gate.kind}_expert_gated",
+                      [hidden.device, *_part_buffers(gate.parts[0], spare), act, *_part_buffers(up.parts[0], spare),
+                       *route], self._push(gate, rows * k), (_quad_groups(gate), rows * k, 1), writes=(5,))
+        self.dispatch(f"linear_gemv_{down.kind}_expert", [act, *_part_buffers(down.parts[0], spare), out, *route],
+                      self._push(down, rows), (_quad_groups(down), rows, 1), writes=(5,))
+
+    def _push(self, layer: PackedLinear, entries: int) -> bytes:
+        has_bias = int(layer.parts[0].bias is not None)
+        return pack_push("10I", layer.oc, layer.ic, layer.block_size, layer.n_blocks, 0, layer.oc, has_bias, entries,
+                         self.node.param.top_k, self.node.param.num_experts)
+
+    def _stacked(self) -> tuple[PackedLinear, PackedLinear, PackedLinear]:
+        """(gate, up, down) of every expert, packed stacked on the first resize; the raw weights
+        are dropped then (the CPU backup decodes them again from the file where it needs them)."""
+        weights = self.node.weights
+        if "vulkan" not in weights:
+            experts = self.node.param.experts
+            gate_ups, downs = raw_expert_weights(experts)
+            width = gate_ups[0].oc // 2
+            halves = [(0, width), (width, 2 * width)]
+            if not experts[0].gate_first:
+                halves.reverse()
+            gate, up = (pack_experts(self.backend, gate_ups, *half) for half in halves)
+            weights["vulkan"] = (gate, up, pack_experts(self.backend, downs, 0, downs[0].oc))
+            drop_raw_weights(experts)
+        return weights["vulkan"]
+
+
+def _quad_groups(layer: PackedLinear) -> int:
+    return -(-layer.oc // (QUAD * GROUP_SIZE))

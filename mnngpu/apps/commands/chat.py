@@ -34,8 +34,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from mnngpu.apps.chat import ChatSession
+    from mnngpu.config import CommandLine
 
-    model = load_model(args, {"reuse_kv": overrides_from(args).get("reuse_kv", True)})
+    own = {} if "reuse_kv" in overrides_from(args) else {CommandLine("mnngpu chat"): {"reuse_kv": True}}
+    model = load_model(args, own)
     _enable_line_editing()
     print("type /help for the commands; Ctrl-C stops a reply", file=sys.stderr)
     return chat_loop(ChatSession(model, args.system, args.show_special), input, sys.stdout)
@@ -76,6 +78,16 @@ def chat_loop(session, read_line: Callable[[str], str], out: TextIO, err: TextIO
 
 
 def answer(session, text: str, out: TextIO, err: TextIO) -> None:
+    """Stream the reply to `text`; a notice of kernels compiling comes after it, never inside."""
+    from mnngpu import jit
+
+    try:
+        _stream_reply(session, text, out, err)
+    finally:
+        jit.announce()
+
+
+def _stream_reply(session, text: str, out: TextIO, err: TextIO) -> None:
     shown: list[str] = []
 
     def show(piece: str) -> None:

@@ -1,4 +1,9 @@
-"""What the model-running subcommands share: the model argument, config overrides, loading."""
+"""What the model-running subcommands share: the model argument, config overrides, loading.
+
+Each override is set with the flag that gave it (`--config`, `--precision`, ...) as its source, so
+a warning about it names that flag. Loading binds every kernel a reply runs (`bind_kernels`), so
+that a notice about kernels compiling for the first time comes before the "ready" line.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from mnngpu.config import CONFIG_FLAG, CommandLine
 from mnngpu.errors import ConfigError
 
 SAMPLER_FLAGS = {  # flag -> (config key, type)
@@ -58,15 +64,23 @@ def parse_override(item: str) -> tuple[str, object]:
         return key, value
 
 
-def overrides_from(args: argparse.Namespace) -> dict:
-    overrides = dict(parse_override(item) for item in args.config)
-    for attr, key in (("backend", "backend_type"), ("threads", "thread_num"), ("precision", "precision")):
+RUNTIME_FLAGS = {"backend": "backend_type", "threads": "thread_num", "precision": "precision"}  # flag -> key
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[CommandLine, dict]:
+    """The config values the command line sets, by the flag that set them; --config comes first,
+    so a named flag wins over it."""
+    groups = {CONFIG_FLAG: dict(parse_override(item) for item in args.config)}
+    named = {**RUNTIME_FLAGS, **{attr: key for attr, (key, _) in SAMPLER_FLAGS.items()}}
+    for attr, key in named.items():
         if getattr(args, attr, None) is not None:
-            overrides[key] = getattr(args, attr)
-    for flag, (key, _) in SAMPLER_FLAGS.items():
-        if getattr(args, flag, None) is not None:
-            overrides[key] = getattr(args, flag)
-    return overrides
+            groups[CommandLine("--" + attr.replace("_", "-"))] = {key: getattr(args, attr)}
+    return groups
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    """The config values the command line sets, merged."""
+    return {key: value for values in flag_overrides(args).values() for key, value in values.items()}
 
 
 def model_path(args: argparse.Namespace) -> Path:
@@ -77,16 +91,18 @@ def model_path(args: argparse.Namespace) -> Path:
     return demo_model_dir()
 
 
-def load_model(args: argparse.Namespace, extra: dict | None = None):
-    """Create, configure and load the Llm and its tokenizer, with a progress bar on a terminal; then
-    one summary line."""
+def load_model(args: argparse.Namespace, extra: dict[CommandLine, dict] | None = None):
+    """Create, configure and load the Llm and its tokenizer, with a progress bar on a terminal; bind
+    the kernels a reply runs; then one summary line. `extra`: the command's own settings, by flag."""
+    from mnngpu import jit
     from mnngpu import llm as mnngpu_llm
-    from mnngpu.config import COMMAND_LINE
     from mnngpu.progress import LoadProgress, ready_line
 
+    jit.hold_notices()   # each command says them where they split no reply (jit.announce)
     start = time.perf_counter()
     model = mnngpu_llm.create(model_path(args))
-    model.config.set_config({**overrides_from(args), **(extra or {})}, source=COMMAND_LINE)
+    for source, values in {**flag_overrides(args), **(extra or {})}.items():
+        model.config.set_config(values, source=source)
     progress = LoadProgress(sys.stderr)
     try:
         model.load(progress=progress)
@@ -95,8 +111,27 @@ def load_model(args: argparse.Namespace, extra: dict | None = None):
     if getattr(args, "lora", None):
         model = model.create_lora(args.lora)
     model.tokenizer  # noqa: B018 (loaded now, so that "ready" means ready to answer)
+    bind_kernels(model)
+    jit.announce()
     print(ready_line(model, time.perf_counter() - start), file=sys.stderr)
     return model
+
+
+def bind_kernels(model) -> None:
+    """Run a forward of each size class a reply runs (a prefill of many rows, of a few, one decode
+    row) and forget it: every CPU kernel those need is bound now, and any not yet compiled is queued
+    for the background compile now, not in the middle of a reply. About three tokens' work at load."""
+    from mnngpu.backends.cpu.ops.attention import ROWS_KERNEL_MAX
+    from mnngpu.backends.cpu.ops.linear import PREFILL_ROWS
+
+    sizes = (max(PREFILL_ROWS, ROWS_KERNEL_MAX + 1), 2, 1)
+    if sum(sizes) > model.config.max_all_tokens:
+        return
+    if model.runtime.fixed_shape and not model.runtime.placements.fallbacks:
+        return   # no CPU kernel runs in a reply: a device backend's forwards would only cost load time
+    for size in sizes:
+        model.forward([0] * size)
+    model.reset()
 
 
 def print_stats(context, out=None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mnngpu.apps.commands.common import model_path, parse_override
 from mnngpu.apps.diff import DEFAULT_TOLERANCE, diff_backends, first_divergence, format_diffs
+from mnngpu.config import CONFIG_FLAG
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,7 @@ def run(args) -> int:
     """Exit 0 when every op output agrees within the tolerance, 1 when one does not."""
     overrides = {**dict(parse_override(item) for item in args.config), "precision": args.precision}
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
-    _, diffs = diff_backends(model_path(args), backends, prompt=args.prompt, overrides=overrides)
+    _, diffs = diff_backends(model_path(args), backends, prompt=args.prompt, overrides=overrides,
+                             source=CONFIG_FLAG)
     print(format_diffs(diffs, args.tolerance))
     return 1 if first_divergence(diffs, args.tolerance) is not None else 0

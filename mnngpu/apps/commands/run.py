@@ -49,21 +49,29 @@ def media_prompt(model, args) -> str:
 
 
 def run(args) -> int:
+    from mnngpu import jit
     from mnngpu.apps.chat import PromptCache, generate_reply
+    from mnngpu.config import CommandLine
 
-    extra = {"use_template": False} if args.no_template else {}
+    extra = {CommandLine("--no-template"): {"use_template": False}} if args.no_template else {}
     if args.speculative:
-        extra["speculative_type"] = args.speculative
+        extra[CommandLine("--speculative")] = {"speculative_type": args.speculative}
     model = load_model(args, extra)
     prompt = media_prompt(model, args) + read_prompt(args)  # after the model: a bad folder is reported first
+    started = []
 
     def show(piece: str) -> None:
+        if not started:   # the prefill's new kernels (an image's) are known now: say so before the reply
+            jit.announce()
+            started.append(True)
         sys.stdout.write(piece)
         sys.stdout.flush()
 
     text = model.prompt.apply_chat_template(prompt)
     generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    jit.announce()
     print_stats(model.context)
     if model.strategy.name != "ar":   # --speculative, or the folder's speculative_type
         stats = model.strategy.stats

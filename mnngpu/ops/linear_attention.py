@@ -1,0 +1,138 @@
+"""LinearAttention: MNN's recurrent layer op (type 305, table LinearAttentionParam), which keeps a
+state from one forward to the next instead of a KV cache (runtime/kv.py's StateCache).
+
+What the exporter (llmexport) writes, and what MNN's CPU kernel reads:
+
+    inputs   0 qkv          (batch, channels, seq): the projection before the causal convolution, or
+                            (seq, channels, 1, 1) inside the region MNN's converter lays out for its
+                            fused transformer kernels (FuseTransformerC4: a row per token)
+             1 gate         (batch, seq, num_v_heads): the delta rule's log-decay (zeros for short_conv)
+             2 beta         (batch, seq, num_v_heads): the delta rule's learning rate (zeros for short_conv)
+             3 conv_weight  (conv channels, 1, kernel): a depthwise causal convolution, a Const
+    output   (batch, seq, num_v_heads, head_v_dim); (seq, num_v_heads * head_v_dim, 1, 1) in that region
+
+Two modes (`attn_type`):
+
+* `short_conv` (LFM2): qkv's channels are three blocks of num_v_heads * head_v_dim, b, c and x.
+  y = c * conv(b * x), the convolution running over the previous kernel - 1 values of b * x
+  (the state, conv channels x (kernel - 1)) and then this forward's. No activation.
+* `gated_delta_rule` (Qwen3.5): qkv's channels are q and k (num_k_heads * head_k_dim each) and v
+  (num_v_heads * head_v_dim); a SiLU'd causal convolution over all of them (its state as above),
+  then per v head h a (head_k_dim, head_v_dim) state S. v head h reads k head h // (num_v_heads /
+  num_k_heads). With use_qk_l2norm, q and k are divided by sqrt(sum of squares + 1e-6); q is then
+  scaled by 1 / sqrt(head_k_dim). Per token, with decay exp(gate) and beta:
+      S <- exp(gate) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  out = S^T q
+  A table with gate_fold set (the decay computed inside the op) is refused at load (`param_problem`).
+
+The op has no host rule (it reads and writes its state), so no backend folds it; a device backend
+without a kernel declines it (`NO_DEVICE_KERNEL`) and it runs on the CPU backup.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mnngpu.errors import ModelFormatError
+from mnngpu.ops.common import ALWAYS, FLOAT, OpType, Shape
+
+if TYPE_CHECKING:
+    from mnngpu.backend import Node, Tensor
+    from mnngpu.format.params import LinearAttentionParam
+
+SHORT_CONV, GATED_DELTA_RULE = "short_conv", "gated_delta_rule"
+MODES = (SHORT_CONV, GATED_DELTA_RULE)
+RUNS = (SHORT_CONV, GATED_DELTA_RULE)   # the modes mnngpu runs
+L2_EPSILON = 1e-6   # added to the sum of squares before q and k are normalised
+NO_DEVICE_KERNEL = ("LinearAttention has no device kernel yet: it runs on the CPU backup, which keeps its "
+                    "recurrent state")
+HEAD_FIELDS = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+
+
+def param_problem(param: LinearAttentionParam) -> tuple[str, str] | None:
+    """(field, what was expected) for a table that no LinearAttention can run with, else None."""
+    if param.attn_type not in MODES:
+        return "attn_type", f"one of {list(MODES)}, got {param.attn_type!r}"
+    for name in HEAD_FIELDS:
+        if getattr(param, name) < 1:
+            return name, f"a positive {name}, got {getattr(param, name)}"
+    if param.attn_type == GATED_DELTA_RULE and param.num_v_heads % param.num_k_heads:
+        return "num_v_heads", (f"a multiple of num_k_heads ({param.num_k_heads}) for the gated delta rule's "
+                               f"grouped heads, got {param.num_v_heads}")
+    if param.gate_fold:
+        return "gate_fold", ("gate_fold off: mnngpu takes the decay as input 1 and does not yet compute it "
+                             "inside the op from gate_coef and gate_bias")
+    return None
+
+
+def refusal(param: LinearAttentionParam) -> str | None:
+    """Why mnngpu cannot run this table yet, or None."""
+    if param.attn_type in RUNS:
+        return None
+    return f"LinearAttention mode {param.attn_type} is not implemented yet; mnngpu runs {list(RUNS)}"
+
+
+def qkv_channels(param: LinearAttentionParam) -> int:
+    """The channels of input 0: b, c, x for short_conv; q, k, v for the gated delta rule."""
+    values = param.num_v_heads * param.head_v_dim
+    if param.attn_type == SHORT_CONV:
+        return 3 * values
+    return 2 * param.num_k_heads * param.head_k_dim + values
+
+
+def conv_channels(param: LinearAttentionParam) -> int:
+    """The channels the causal convolution runs over (the conv_weight's rows, the state's rows)."""
+    if param.attn_type == SHORT_CONV:
+        return param.num_v_heads * param.head_v_dim
+    return qkv_channels(param)
+
+
+def conv_weight_problem(param: LinearAttentionParam, dims: tuple[int, ...]) -> str | None:
+    """What a conv_weight of these dims should have been, or None when it fits the table."""
+    channels = conv_channels(param)
+    if len(dims) != 3 or dims[0] != channels or dims[1] != 1 or dims[2] < 1:
+        return (f"a conv_weight (input 3) of ({channels}, 1, kernel) for {param.attn_type} with num_v_heads "
+                f"{param.num_v_heads} x head_v_dim {param.head_v_dim}, got {tuple(dims)}")
+    return None
+
+
+def state_shapes(param: LinearAttentionParam, kernel: int) -> dict[str, tuple[int, ...]]:
+    """What one layer's state holds (float32, batch 1): the convolution's last kernel - 1 inputs per
+    channel, and for the gated delta rule a (head_k_dim, head_v_dim) matrix per v head."""
+    shapes = {"conv": (conv_channels(param), kernel - 1)}
+    if param.attn_type == GATED_DELTA_RULE:
+        shapes["recurrent"] = (param.num_v_heads, param.head_k_dim, param.head_v_dim)
+    return shapes
+
+
+def _error(node: Node, field: str, expected: str) -> ModelFormatError:
+    return ModelFormatError(f"LinearAttention: expected {expected}", field=f"{node.name}.{field}")
+
+
+def token_rows(shape: Shape) -> bool:
+    """Whether a qkv input is laid out a row per token, (seq, channels, 1, 1), not (batch, channels, seq)."""
+    return len(shape) == 4 and tuple(shape[2:]) == (1, 1)
+
+
+def linear_attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    param = node.param
+    problem = param_problem(param)
+    if problem is not None:
+        raise _error(node, *problem)
+    qkv = inputs[0].shape
+    if not (len(qkv) == 3 or token_rows(qkv)) or qkv[1] != qkv_channels(param):
+        raise _error(node, "head_v_dim", f"a qkv input (input 0) of (batch, {qkv_channels(param)}, seq) or "
+                                         f"(seq, {qkv_channels(param)}, 1, 1) for {param.attn_type} with these "
+                                         f"head dims, got {qkv}")
+    weight_problem = conv_weight_problem(param, inputs[3].shape)
+    if weight_problem is not None:
+        raise _error(node, "head_v_dim", weight_problem)
+    if token_rows(qkv):
+        return [((qkv[0], param.num_v_heads * param.head_v_dim, 1, 1), FLOAT)]
+    return [((qkv[0], qkv[2], param.num_v_heads, param.head_v_dim), FLOAT)]
+
+
+ROWS = {
+    "LinearAttention": OpType(linear_attention, param="LinearAttentionParam", param_required=ALWAYS, min_inputs=4),
+}
