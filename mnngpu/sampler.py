@@ -470,3 +470,29 @@ def _as_vocab_row(logits: np.ndarray) -> np.ndarray:
         raise InputError(f"expected the logits of one position, shape [vocab], got shape {array.shape}",
                          field="logits")
     return array
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI's logit_bias and penalties (the HTTP server's request fields)
+# ---------------------------------------------------------------------------------------------
+
+
+def openai_adjusted(logits: np.ndarray, bias: Mapping[int, float], generated: Mapping[int, int],
+                    presence: float, frequency: float) -> np.ndarray:
+    """One row of logits with OpenAI's logit_bias and presence/frequency penalties applied (a copy):
+
+        logit[t] += bias[t]
+        logit[t] -= presence * (c[t] > 0) + frequency * c[t]    c[t]: times t was generated so far
+
+    Unlike MNN's penalty step (`penalize`), c counts only the reply's tokens (not the prompt's),
+    a negative penalty favours a token instead of being skipped, and no repetition factor applies.
+    The work grows with the number of biased and generated tokens, not with the vocabulary."""
+    logits = np.array(_as_vocab_row(logits), dtype=np.float32)
+    if bias:
+        tokens = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        np.add.at(logits, tokens, np.fromiter(bias.values(), dtype=np.float32, count=len(bias)))
+    if generated and (presence or frequency):
+        tokens = np.fromiter(generated.keys(), dtype=np.int64, count=len(generated))
+        counts = np.fromiter(generated.values(), dtype=np.float32, count=len(generated))
+        logits[tokens] -= np.float32(presence) + np.float32(frequency) * counts
+    return logits

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("starlette")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from mnngpu.apps.server.app import create_app
@@ -29,9 +29,9 @@ from tests.reference_model import (
     hf_render,
     load_model,
 )
+from tests.serving import WAIT_S, ServeProcess, openai_client, running
 
 MAX_BODY = 4096
-WAIT_S = 120  # generous bounds on waits that should end at once; no assertion is timed
 CHAT = {"messages": [{"role": "user", "content": CHAT_QUESTION}], "max_tokens": 8, "temperature": 0}
 COMPLETION = {"prompt": RAW_PROMPT, "max_tokens": 8, "temperature": 0}
 
@@ -39,20 +39,8 @@ COMPLETION = {"prompt": RAW_PROMPT, "max_tokens": 8, "temperature": 0}
 @pytest.fixture(scope="module")
 def server():
     served = ServedModel(load_model(), "fixture-model")
-    config = uvicorn.Config(create_app(served, max_body_bytes=MAX_BODY), host="127.0.0.1", port=0,
-                            log_level="warning", lifespan="on")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    while not running.started:
-        if not thread.is_alive():
-            pytest.fail("the server did not start")
-        thread.join(0.05)
-    port = running.servers[0].sockets[0].getsockname()[1]
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as client:
+    with running(create_app(served, max_body_bytes=MAX_BODY)) as client:
         yield client, served
-    running.should_exit = True
-    thread.join(WAIT_S)
 
 
 def expected_chat(max_tokens: int = 8) -> tuple[list[int], str]:
@@ -180,7 +168,7 @@ def test_an_oversize_body_gets_413(server):
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "x", "temperature": "warm"}', "temperature"),
     ("/v1/completions", b'{"prompt": "x", "stop": [1]}', "stop"),
-    ("/v1/completions", b'{"prompt": "x", "n": 2}', "n"),
+    ("/v1/completions", b'{"prompt": "x", "n": 0}', "n"),
     ("/v1/completions", b'{"max_tokens": 3}', "prompt"),
 ])
 def test_a_malformed_body_gets_400_with_an_openai_error(server, path, body, param):
@@ -275,12 +263,6 @@ def test_the_curl_examples_in_the_docs_work(server):
 openai = pytest.importorskip("openai")
 
 
-def openai_client(client) -> openai.OpenAI:
-    url = client.base_url
-    return openai.OpenAI(base_url=f"http://{url.host}:{url.port}/v1", api_key="unused", max_retries=0,
-                         timeout=WAIT_S)
-
-
 def test_models_retrieve_finds_the_served_model_and_no_other(server):
     api = openai_client(server[0])
     assert api.models.retrieve("fixture-model").id == "fixture-model"
@@ -316,55 +298,22 @@ def test_max_queue_counts_the_waiting_requests_not_the_running_one():
     from mnngpu.errors import InputError
 
     served = ServedModel(load_model(), "queue-model", max_queue=1)
-    running, release = threading.Event(), threading.Event()
+    generating, release = threading.Event(), threading.Event()
     first = served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4))
-    first.on_text = lambda piece: (running.set(), release.wait(WAIT_S))
+    first.on_text = lambda piece: (generating.set(), release.wait(WAIT_S))
     try:
         futures = [served.submit(first)]
-        assert running.wait(WAIT_S)
+        assert generating.wait(WAIT_S)
         futures.append(served.submit(served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4))))  # waits
         with pytest.raises(ApiError) as refused:
             served.submit(served.new_job(RAW_PROMPT, GenerationRequest(max_tokens=4)))
         assert refused.value.status == 503
     finally:
         release.set()
-    assert [f.result(WAIT_S).finish_reason for f in futures] == ["length", "length"]
+    assert [f.result(WAIT_S).choices[0].finish_reason for f in futures] == ["length", "length"]
     served.close()
     with pytest.raises(InputError):
         ServedModel(served.llm, "no-queue", max_queue=0)
-
-
-class ServeProcess:
-    """`mnngpu serve` on a free port of 127.0.0.1, as a user runs it."""
-
-    def __init__(self, *extra: str):
-        import subprocess
-        import sys
-
-        from tests.reference_model import CLI_ORACLE_FLAGS, MODEL_DIR
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mnngpu", "serve", str(MODEL_DIR), *CLI_ORACLE_FLAGS, "--sampler", "greedy",
-             "--port", "0", *extra], stderr=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        while not (line := self.process.stderr.readline()).startswith("serving "):
-            assert line, "".join(self.log)
-            self.log.append(line)
-        self.port = int(re.search(r":(\d+)/v1 ", line).group(1))
-        self.api = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0,
-                                 timeout=WAIT_S)
-
-    def signal(self, number: int) -> None:
-        self.process.send_signal(number)
-
-    def finish(self) -> tuple[int, str]:
-        rest = self.process.stderr.read()
-        return self.process.wait(WAIT_S), "".join(self.log) + rest
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(WAIT_S)
 
 
 def test_serve_names_the_model_by_its_folder_logs_each_request_and_stops_on_ctrl_c():
@@ -409,7 +358,7 @@ def test_serve_quiet_logs_no_request_and_a_second_signal_exits_at_once():
         with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as raw:
             raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n{")
             server.signal(signal.SIGTERM)
-            assert server.process.stderr.readline().startswith("stopping (SIGTERM)")
+            assert server.line().startswith("stopping (SIGTERM)")
             server.signal(signal.SIGTERM)
             code, log = server.finish()
     finally:

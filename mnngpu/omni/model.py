@@ -257,7 +257,7 @@ class Omni(Llm):
         return _parse_size(sized.group(1)), (content[: sized.start()] + content[sized.end():]).strip()
 
     # ---- the forward pass -----------------------------------------------------------------------
-    def forward(self, ids):
+    def forward(self, ids, all_logits: bool | None = None):
         """As Llm's; when `ids` are the last media prompt's ids, or their end while the cache holds
         the start (a prefix cache), its image and audio rows (and an mrope graph's positions) go in
         with them."""
@@ -276,7 +276,7 @@ class Omni(Llm):
                                             for row in image.deepstack.transpose(1, 0, 2)][skipped:]
             self._encoded = None   # its media enter the cache once
         try:
-            return super().forward(ids)
+            return super().forward(ids, all_logits)
         finally:
             self._forward_positions = None
             self._media_rows, self._deepstack_rows = {}, []

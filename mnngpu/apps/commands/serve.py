@@ -2,7 +2,8 @@
 
 It binds 127.0.0.1 unless told otherwise, answers one request at a time in arrival order and
 queues the rest. docs/server.md lists the endpoints and fields. The port is bound before the
-model loads, and "serving ..." is printed once both are done. The first Ctrl-C (or SIGTERM)
+model loads; while it loads the server answers GET /health with 503 (and every other request
+too), and "serving ..." is printed once it is ready. The first Ctrl-C (or SIGTERM)
 stops taking requests and ends the replies being streamed with their final event; a second
 one exits at once.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 from mnngpu.apps.commands.common import add_model_arguments, load_model
 from mnngpu.errors import InputError, MnnGpuError
@@ -62,29 +64,62 @@ def run(args) -> int:
         import uvicorn
 
         from mnngpu.apps.server.app import create_app
-        from mnngpu.apps.server.engine import ServedModel
+        from mnngpu.apps.server.engine import ModelSlot
         from mnngpu.apps.server.lifecycle import GracefulServer, bind
     except ImportError as exc:
         raise MnnGpuError(f"the server needs starlette and uvicorn ({exc.name} is missing): "
                           "pip install 'mnngpu[serve]'", field="serve") from None
+
     listener = bind(args.host, args.port)
     try:
-        model = load_model(args)
-        base_dir = model.config.base_dir
-        served = ServedModel(model, args.model_name or base_dir.name, args.max_queue,
-                             created=int(base_dir.stat().st_mtime), show_special=args.show_special)
+        slot = ModelSlot()
         _configure_logs(args.quiet)
-        config = uvicorn.Config(create_app(served, args.max_body_bytes), log_level="warning", access_log=False,
+        config = uvicorn.Config(create_app(slot, args.max_body_bytes), log_level="warning", access_log=False,
                                 log_config=None)
-        server = GracefulServer(config, served)
-        host, port = listener.getsockname()[:2]
-        print(f"serving {served.name} on http://{_url_host(host)}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr,
-              flush=True)
+        server = GracefulServer(config, slot)
+        loading = ModelLoad(args, slot, server, listener.getsockname()[:2])
+        loading.start()
         server.run(sockets=[listener])
+        loading.raise_failure()
         print("stopped", file=sys.stderr)
     finally:
         listener.close()
     return 0
+
+
+class ModelLoad(threading.Thread):
+    """Loads the model while the server already answers (GET /health: 503, then 200); says
+    "serving ..." once it is ready, or stops the server if the load fails."""
+
+    def __init__(self, args, slot, server, address: tuple):
+        super().__init__(name="mnngpu-load", daemon=True)
+        self.args, self.slot, self.server, self.address = args, slot, server, address
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        from mnngpu import jit
+        from mnngpu.apps.server.engine import ServedModel
+
+        args = self.args
+        try:
+            model = load_model(args)
+            jit.hold_notices(False)   # from now on a notice is a line of the server's log as it happens
+            base_dir = model.config.base_dir
+            served = ServedModel(model, args.model_name or base_dir.name, args.max_queue,
+                                 created=int(base_dir.stat().st_mtime), show_special=args.show_special)
+        except BaseException as exc:  # noqa: BLE001 (raised again on the main thread, once the server stopped)
+            self.failure = exc
+            self.server.should_exit = True
+            return
+        self.slot.ready(served)
+        host, port = self.address
+        print(f"serving {served.name} on http://{_url_host(host)}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr,
+              flush=True)
+
+    def raise_failure(self) -> None:
+        """The load's error, if it failed, raised on the calling thread."""
+        if self.failure is not None:
+            raise self.failure
 
 
 def _url_host(host: str) -> str:

@@ -4,7 +4,9 @@
     from mnngpu.apps.server.engine import ServedModel    # does not
     app = create_app(ServedModel(llm, "my-model"))       # a Starlette app; run it with uvicorn
 
-app.py is the HTTP side, engine.py the queue in front of the model, protocol.py the OpenAI
-request and response shapes, stop.py the stop strings, lifecycle.py the socket and the
+app.py is the HTTP side, engine.py the queue in front of the model, choice.py one choice of a
+request, fields.py the table of OpenAI request fields, protocol.py the request parsing,
+replies.py the response shapes, logprobs.py the log-probabilities and the request's sampler,
+tokens.py /tokenize and /detokenize, stop.py the stop strings, lifecycle.py the socket and the
 two-step shutdown.
 """

@@ -1,8 +1,13 @@
-"""The OpenAI-compatible HTTP app (Starlette): chat completions, completions and the model list.
+"""The OpenAI-compatible HTTP app (Starlette): chat completions, completions, the model list, and the
+endpoints an operator or an evaluation harness uses.
 
     POST /v1/chat/completions   {"messages": [...], "stream": false, "max_tokens": 64, ...}
-    POST /v1/completions        {"prompt": "...", ...}
+    POST /v1/completions        {"prompt": "..." | [...] | [ids] | [[ids], ...], "echo": true, "logprobs": 1, ...}
     GET  /v1/models, /v1/models/{id}
+    GET  /health                200 {"status": "ok"} once the model is loaded, 503 while it loads or stops
+    POST /tokenize              {"prompt": "..."} or {"messages": [...]} -> {"tokens": [...], "count": n}
+    POST /detokenize            {"tokens": [...]} -> {"prompt": "..."}
+    GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template
 
 A streamed reply is a server-sent event per piece of text, then `data: [DONE]`. Request
 bodies larger than `max_body_bytes` get 413; any refused request gets a 4xx with an
@@ -28,32 +33,40 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mnngpu.apps.server.engine import Job, Result, ServedModel
+from mnngpu.apps.server.choice import Piece
+from mnngpu.apps.server.engine import Job, ModelSlot, Result, ServedModel
 from mnngpu.apps.server.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     ApiError,
     GenerationRequest,
-    ResponseShape,
     error_body,
     parse_chat_request,
     parse_completion_request,
 )
+from mnngpu.apps.server.replies import ResponseShape
+from mnngpu.apps.server.tokens import detokenize, tokenize
 
 
-def create_app(served: ServedModel, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    api = OpenAiApi(served, max_body_bytes)
+def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The app over a loaded model, or over a ModelSlot that gets one once it has loaded."""
+    slot = served if isinstance(served, ModelSlot) else ModelSlot(served)
+    api = OpenAiApi(slot, max_body_bytes)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        served.close()
+        slot.close()
 
     return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan))
 
@@ -100,9 +113,13 @@ def _phrase(status: int) -> str:
 
 
 class OpenAiApi:
-    def __init__(self, served: ServedModel, max_body_bytes: int):
-        self.served = served
+    def __init__(self, slot: ModelSlot, max_body_bytes: int):
+        self.slot = slot
         self.max_body_bytes = max_body_bytes
+
+    @property
+    def served(self) -> ServedModel:
+        return self.slot.model
 
     def _model(self) -> dict:
         return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "mnngpu"}
@@ -117,25 +134,41 @@ class OpenAiApi:
                            param="model", kind="not_found_error", code="model_not_found")
         return JSONResponse(self._model())
 
+    async def health(self, request: Request) -> JSONResponse:
+        status = "stopping" if self.slot.stopping else "loading" if self.slot.served is None else "ok"
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+
+    async def tokenize(self, request: Request) -> JSONResponse:
+        body = await read_json(request, self.max_body_bytes)
+        return JSONResponse(tokenize(self.served.llm, body))
+
+    async def detokenize(self, request: Request) -> JSONResponse:
+        body = await read_json(request, self.max_body_bytes)
+        return JSONResponse(detokenize(self.served.llm, body))
+
+    async def tokenizer_info(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.served.tokenizer_info())
+
     async def chat_completions(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
         prompt = self.served.chat_prompt(parsed.messages)
-        return await self._generate(request, parsed, prompt, ResponseShape(True, self.served.name))
+        return await self._generate(request, parsed, [prompt], chat=True)
 
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request, self.max_body_bytes))
-        return await self._generate(request, parsed, parsed.prompt, ResponseShape(False, self.served.name))
+        return await self._generate(request, parsed, parsed.prompts, chat=False)
 
-    async def _generate(self, request: Request, parsed: GenerationRequest, prompt: str,
-                        shape: ResponseShape) -> Response:
-        job = self.served.new_job(prompt, parsed)
+    async def _generate(self, request: Request, parsed: GenerationRequest, prompts: list, chat: bool) -> Response:
+        served = self.served
+        job = served.new_job(prompts, parsed)
+        shape = ResponseShape(chat, served.name, served.llm.tokenizer, parsed.logprobs is not None)
         if parsed.stream:
             return self._stream(request.scope, job, shape)
         result = await self._result_unless_gone(request, job)
         if result is None:
             return Response(status_code=499)  # nobody is listening any more
         request.scope[TOKENS_KEY] = result.usage.completion_tokens
-        return JSONResponse(shape.complete(result.text, result.finish_reason, result.usage))
+        return JSONResponse(shape.complete(result.choices, result.usage))
 
     async def _result_unless_gone(self, request: Request, job: Job) -> Result | None:
         result = asyncio.wrap_future(self.served.submit(job))
@@ -174,8 +207,13 @@ class JobStream(StreamingResponse):
 
 async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, future: Future,
                   include_usage: bool) -> AsyncIterator[str]:
-    yield _event(shape.chunk(first=True))
+    opened, finished = {0}, set()
+    yield _event(shape.first_chunk(0))
     while (piece := await pieces.get()) is not None:
+        if piece.index not in opened:
+            opened.add(piece.index)
+            yield _event(shape.first_chunk(piece.index))
+        finished.update([piece.index] if piece.finish_reason else [])
         yield _event(shape.chunk(piece))
     try:
         result = future.result()
@@ -187,7 +225,9 @@ async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, futu
         yield _event(error_body(f"internal error: {exc!r}", "server_error"))
     else:
         scope[TOKENS_KEY] = result.usage.completion_tokens
-        yield _event(shape.chunk(finish_reason=result.finish_reason))
+        for choice in result.choices:   # a job cancelled before it started has sent no end
+            if choice.index not in finished:
+                yield _event(shape.chunk(Piece(choice.index, finish_reason=choice.finish_reason)))
         if include_usage:
             yield _event(shape.usage_chunk(result.usage))
     yield "data: [DONE]\n\n"

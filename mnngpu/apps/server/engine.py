@@ -1,12 +1,13 @@
 """ServedModel: one loaded Llm behind a queue, so requests take turns with its KV cache.
 
-Every request becomes a Job that runs on the one worker thread, in arrival order. Before it
-runs, the KV cache is either cleared or, with `reuse_kv`, kept because the new prompt starts
-with exactly the text the cache holds (see mnngpu/apps/chat.py). Each job gets a fresh Sampler
-built from the model's config and the request's overrides, so no setting or random state
-carries over to the next request. A job whose client went away is cancelled: it stops after
-the current token, or never starts if it was still waiting. `max_queue` bounds the jobs
-waiting behind the running one; once the server is stopping, new jobs are refused.
+Every request becomes a Job that runs on the one worker thread, in arrival order: each of its
+prompts, n times, one choice after another (choice.py). Before a choice runs, the KV cache is
+either cleared or, with `reuse_kv`, kept because the new prompt starts with exactly the text the
+cache holds (see mnngpu/apps/chat.py). Each job gets a fresh sampler built from the model's
+config and the request's settings, so no setting or random state carries over to the next
+request. A job whose client went away is cancelled: it stops after the current token, or never
+starts if it was still waiting. `max_queue` bounds the jobs waiting behind the running one; once
+the server is stopping, new jobs are refused.
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from mnngpu.apps.chat import PromptCache, generate_reply, system_prefix
-from mnngpu.apps.server.protocol import ApiError, GenerationRequest, Usage, sampler_overrides
-from mnngpu.apps.server.stop import StopMatcher
+from mnngpu.apps.chat import PromptCache
+from mnngpu.apps.server.choice import Choice, ChoiceRun, Piece
+from mnngpu.apps.server.logprobs import RequestSampler
+from mnngpu.apps.server.protocol import (
+    ApiError,
+    GenerationRequest,
+    PromptInput,
+    Usage,
+    is_token_ids,
+    sampler_overrides,
+)
 from mnngpu.errors import InputError, MnnGpuError
 from mnngpu.sampler import Sampler
 
@@ -27,17 +36,21 @@ DEFAULT_MAX_QUEUE = 32
 
 @dataclass
 class Result:
-    text: str
-    finish_reason: str   # "stop", "length" or "cancelled" (the client went away)
+    choices: list[Choice]
     usage: Usage
+
+    @property
+    def text(self) -> str:
+        """The first choice's text (the only one, unless the request asked for n > 1 or several prompts)."""
+        return self.choices[0].text
 
 
 @dataclass
 class Job:
-    prompt: str
+    prompts: list[PromptInput]
     request: GenerationRequest
-    sampler: Sampler
-    on_text: Callable[[str], None] | None = None   # called on the worker thread with each piece to send
+    sampler: RequestSampler
+    on_text: Callable[[Piece], None] | None = None   # called on the worker thread with each piece to send
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -79,9 +92,10 @@ class ServedModel:
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param="messages") from None
 
-    def new_job(self, prompt: str, request: GenerationRequest) -> Job:
-        """A job with its own sampler. A bad sampler setting, or a prompt with no room for a reply,
-        is refused here, before any reply (or stream) starts."""
+    def new_job(self, prompts: PromptInput | list[PromptInput], request: GenerationRequest) -> Job:
+        """A job with its own sampler. A bad sampler setting, token id or logit_bias, or a prompt
+        with no room for a reply, is refused here, before any reply (or stream) starts."""
+        prompts = [prompts] if isinstance(prompts, str) or is_token_ids(prompts) else list(prompts)
         config = self.llm.config.raw
         try:
             sampler = Sampler({**config, **sampler_overrides(request, config)})
@@ -89,15 +103,43 @@ class ServedModel:
                 raise InputError("this model reads no images (is_visual is false)", field="messages")
             if request.audios and not self.llm.config.get("is_audio"):
                 raise InputError("this model reads no audio (is_audio is false)", field="messages")
-            prompt_tokens = self.llm.count_prompt_tokens(prompt, request.media)
+            counts = [self._prompt_tokens(prompt, request) for prompt in prompts]
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
+        self._check_token_ids(request.logit_bias, "logit_bias")
         limit = self.llm.config.max_all_tokens
-        if prompt_tokens >= limit:
-            raise ApiError(400, f"the prompt's {prompt_tokens} tokens leave no room for a reply within "
-                                f"max_all_tokens={limit}", param="messages" if request.messages else "prompt",
-                           code="context_length_exceeded")
-        return Job(prompt, request, sampler)
+        for prompt_tokens in counts:
+            if prompt_tokens >= limit:
+                raise ApiError(400, f"the prompt's {prompt_tokens} tokens leave no room for a reply within "
+                                    f"max_all_tokens={limit}", param=request.prompt_param,
+                               code="context_length_exceeded")
+        top = request.logprobs
+        return Job(prompts, request, RequestSampler(sampler, request.logit_bias, request.presence_penalty,
+                                                    request.frequency_penalty, top))
+
+    def _prompt_tokens(self, prompt: PromptInput, request: GenerationRequest) -> int:
+        if isinstance(prompt, str):
+            return self.llm.count_prompt_tokens(prompt, request.media)
+        self._check_token_ids(prompt, "prompt")
+        return len(prompt)
+
+    def _check_token_ids(self, ids, param: str) -> None:
+        vocab = self.llm.embedding.vocab_size
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param=param)
+
+    def tokenizer_info(self) -> dict:
+        """What a client needs to tokenize as the server does (GET /tokenizer_info)."""
+        tokenizer, prompt = self.llm.tokenizer, self.llm.prompt
+        eos = next((tokenizer.decode(i) for i in tokenizer.stop_ids), None)
+        return {"model": self.name, "vocab_size": self.llm.embedding.vocab_size,
+                "eos_token": prompt.eos or tokenizer.eos_token or eos, "eos_token_ids": list(tokenizer.stop_ids),
+                "bos_token": prompt.bos or tokenizer.bos_token or None, "prefix_token_ids": list(tokenizer.prefix_ids),
+                "chat_template": self.chat_template()}
+
+    def chat_template(self) -> str | None:
+        return self.llm.prompt.template_source or None
 
     def submit(self, job: Job) -> Future:
         with self._lock:
@@ -136,38 +178,72 @@ class ServedModel:
     def _run(self, job: Job) -> Result:
         self._left_waiting()
         if job.cancelled.is_set() or self._stopping:
-            return self._record(Result("", "cancelled", Usage(0, 0)))
-        stops = StopMatcher(job.request.stop)
-
-        def on_text(piece: str) -> bool:
-            sendable = stops.feed(piece)
-            if sendable and job.on_text is not None:
-                job.on_text(sendable)
-            return stops.hit or job.cancelled.is_set() or self._stopping
-
+            return self._record(Result([Choice(0, "", "cancelled", None, Usage(0, 0))], Usage(0, 0)))
+        run = ChoiceRun(self.llm, self.cache, job.request, job.sampler, self.show_special,
+                        lambda: job.cancelled.is_set() or self._stopping, job.on_text)
+        choices: list[Choice] = []
         self.llm.sampler = job.sampler
         self._running = job
         try:
             with self.llm.media_sources(job.request.media):
-                reply = generate_reply(self.llm, self.cache, job.prompt, job.request.max_tokens, on_text,
-                                       show_special=self.show_special,
-                                       prefix=system_prefix(self.llm, job.request.messages))
+                for number, prompt in enumerate(job.prompts):
+                    for index in range(number * job.request.n, (number + 1) * job.request.n):
+                        choices.append(self._choice(run, prompt, index))
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
-            raise ApiError(400, str(exc), param=exc.field, code=code) from None
+            param = job.request.prompt_param if exc.field == "input_ids" else exc.field
+            raise ApiError(400, str(exc), param=param, code=code) from None
         finally:
             self._running = None
-        rest = stops.flush()
-        if rest and job.on_text is not None:
-            job.on_text(rest)
-        finish = "stop" if stops.hit else reply.finish_reason
-        usage = Usage(reply.prompt_tokens, len(reply.token_ids), reply.cached_tokens)
-        return self._record(Result(stops.text, finish, usage))
+        return self._record(Result(choices, _total_usage(choices, job.request.n)))
+
+    def _choice(self, run: ChoiceRun, prompt: PromptInput, index: int) -> Choice:
+        if run.should_stop():
+            run.send(Piece(index, finish_reason="cancelled"))
+            return Choice(index, "", "cancelled", None, Usage(0, 0))
+        return run.run(prompt, index)
 
     def _record(self, result: Result) -> Result:
         with self.stats.done:
             self.stats.finished += 1
-            self.stats.cancelled += result.finish_reason == "cancelled"
+            self.stats.cancelled += any(choice.finish_reason == "cancelled" for choice in result.choices)
             self.stats.completion_tokens += result.usage.completion_tokens
             self.stats.done.notify_all()
         return result
+
+
+def _total_usage(choices: list[Choice], n: int) -> Usage:
+    """Each prompt's tokens once (its first choice's), every choice's generated tokens."""
+    firsts = [choice.usage for choice in choices if choice.index % n == 0]
+    return Usage(sum(u.prompt_tokens for u in firsts), sum(c.usage.completion_tokens for c in choices),
+                 sum(u.cached_tokens for u in firsts))
+
+
+class ModelSlot:
+    """The served model, once loaded. Until then every request but GET /health gets 503
+    (`code: "model_loading"`), so a server can answer while its model loads."""
+
+    def __init__(self, served: ServedModel | None = None):
+        self.served = served
+        self.stopping = False
+
+    @property
+    def model(self) -> ServedModel:
+        if self.served is None:
+            raise ApiError(503, "the model is still loading; GET /health answers 200 once it is ready",
+                           kind="server_error", code="model_loading")
+        return self.served
+
+    def ready(self, served: ServedModel) -> None:
+        self.served = served
+        if self.stopping:
+            served.stop()
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.served is not None:
+            self.served.stop()
+
+    def close(self) -> None:
+        if self.served is not None:
+            self.served.close()

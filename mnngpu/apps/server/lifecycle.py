@@ -52,7 +52,9 @@ class GracefulServer(uvicorn.Server):
             print(f"error: stopped at once ({name} again)", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(FORCED_EXIT)
-        print(f"stopping ({name}): no new requests; replies in progress end now", file=sys.stderr, flush=True)
-        self.served.stop()
+        # should_exit first: a second signal that arrives while this one stops the queue (Python runs
+        # it in the middle of the code below) is then the second, not another first
         super().handle_exit(sig, frame)
         self._captured_signals.clear()  # a graceful stop is a normal end: uvicorn need not raise it again
+        print(f"stopping ({name}): no new requests; replies in progress end now", file=sys.stderr, flush=True)
+        self.served.stop()

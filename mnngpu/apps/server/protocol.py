@@ -1,10 +1,8 @@
-"""The OpenAI wire format: request bodies checked into dataclasses, and the JSON that goes back.
+"""The OpenAI wire format: request bodies checked into dataclasses, errors and usage counts.
 
-Only what the engine can honour is read: `messages` (text and, for a vision model, image_url parts
-given as data: URLs; for an audio model, input_audio parts holding base64 WAV data) or `prompt`, `max_tokens`
-(`max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, `stream` and
-`stream_options.include_usage`. Other fields OpenAI clients send are ignored; `n` other
-than 1 is refused, since one reply is generated per request.
+Every field a body holds is first checked against the one table of fields (fields.py): an
+unknown field, or a refused one that asks for something, is a 400 naming it. The fields read
+here are the implemented ones; docs/server.md lists them all.
 """
 
 from __future__ import annotations
@@ -12,14 +10,19 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnngpu.apps.server.fields import CHAT, COMPLETIONS, STREAM_OPTIONS, refused_field
+
 MAX_STOP_STRINGS = 4
+MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128   # prompts times n in one request
 ROLES = ("system", "user", "assistant")
+MESSAGE_FIELDS = ("role", "content")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+PromptInput = str | list[int]   # a prompt's text, or its token ids
 
 
 class ApiError(Exception):
@@ -41,7 +44,8 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 @dataclass
 class GenerationRequest:
-    """What both endpoints share: the reply's length, the sampler overrides and the stream flags."""
+    """What both endpoints share: the reply's length, the sampler settings, the log-probabilities
+    asked for and the stream flags."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -50,8 +54,14 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None   # None: none asked for; else how many alternatives per token (0 to 20)
+    echo: bool = False            # completions: the prompt comes back first
     messages: list[dict] = field(default_factory=list)  # chat completions
-    prompt: str = ""                                      # completions
+    prompts: list[PromptInput] = field(default_factory=list)  # completions
     images: dict[str, bytes] = field(default_factory=dict)  # <img>NAME</img> in messages -> the image's bytes
     audios: dict[str, bytes] = field(default_factory=dict)  # <audio>NAME</audio> in messages -> the WAV's bytes
 
@@ -59,50 +69,111 @@ class GenerationRequest:
     def media(self) -> dict[str, bytes]:
         return {**self.images, **self.audios}
 
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.messages else "prompt"
+
 
 def parse_chat_request(body: dict) -> GenerationRequest:
-    request = _parse_common(body)
+    body = _without_nulls(body)
+    request = _parse_common(body, CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "expected 'messages' to be a non-empty list of {role, content} objects",
                        param="messages")
     request.messages = [_parse_message(m, f"messages[{i}]", request) for i, m in enumerate(messages)]
+    top = _optional_int(body.get("top_logprobs"), "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if _bool(body.get("logprobs", False), "logprobs"):
+        request.logprobs = top or 0
+    elif top is not None:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return request
 
 
 def parse_completion_request(body: dict) -> GenerationRequest:
-    request = _parse_common(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, "expected 'prompt' to be a non-empty string", param="prompt")
-    request.prompt = prompt
+    body = _without_nulls(body)
+    request = _parse_common(body, COMPLETIONS)
+    request.prompts = _parse_prompts(body.get("prompt"))
+    request.echo = _bool(body.get("echo", False), "echo")
+    request.logprobs = _optional_int(body.get("logprobs"), "logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if request.max_tokens == 0 and not request.echo:
+        raise ApiError(400, "expected an integer >= 1, got 0 (0 only with echo)", param="max_tokens")
+    if len(request.prompts) * request.n > MAX_CHOICES:
+        raise ApiError(400, f"{len(request.prompts)} prompts times n={request.n} is more than {MAX_CHOICES} "
+                            "choices", param="n")
     return request
 
 
-def _parse_common(body: dict) -> GenerationRequest:
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise ApiError(400, f"only n=1 is supported, got {n!r}", param="n")
+def _parse_prompts(prompt: Any) -> list[PromptInput]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    if isinstance(prompt, str) or is_token_ids(prompt):
+        prompt = [prompt]
+    if (not isinstance(prompt, list) or not prompt
+            or not all(isinstance(p, str) and p or is_token_ids(p) for p in prompt)):
+        raise ApiError(400, "expected 'prompt' to be a non-empty string, a list of them, a non-empty list of "
+                            "token ids, or a list of those", param="prompt")
+    return prompt
+
+
+def is_token_ids(value: Any) -> bool:
+    """Whether `value` is one prompt given as token ids: a non-empty list of integers."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in value))
+
+
+def _without_nulls(body: dict) -> dict:
+    """A field given as null is absent, as in OpenAI's API."""
+    return {name: value for name, value in body.items() if value is not None}
+
+
+def _parse_common(body: dict, endpoint: str) -> GenerationRequest:
+    refused = refused_field(body, endpoint)
+    if refused is not None:
+        raise ApiError(400, refused[1], param=refused[0], code=refused[2])
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise ApiError(400, "expected 'stream_options' to be an object", param="stream_options")
     return GenerationRequest(
-        max_tokens=_optional_int(max_tokens, "max_tokens", low=1),
+        max_tokens=_optional_int(max_tokens, "max_tokens", low=0 if endpoint == COMPLETIONS else 1),
         temperature=_optional_number(body.get("temperature"), "temperature", low=0.0, high=2.0),
         top_p=_optional_number(body.get("top_p"), "top_p", low=0.0, high=1.0, low_open=True),
         seed=_optional_int(body.get("seed"), "seed", low=0),
         stop=_parse_stop(body.get("stop")),
         stream=_bool(body.get("stream", False), "stream"),
-        include_usage=_bool(stream_options.get("include_usage", False), "stream_options.include_usage"),
+        include_usage=_include_usage(body.get("stream_options") or {}),
+        n=_optional_int(body.get("n"), "n", low=1, high=MAX_CHOICES) or 1,
+        presence_penalty=_optional_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0) or 0.0,
+        frequency_penalty=_optional_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0) or 0.0,
+        logit_bias=_parse_logit_bias(body.get("logit_bias") or {}),
     )
+
+
+def _include_usage(options: Any) -> bool:
+    if not isinstance(options, dict):
+        raise ApiError(400, "expected 'stream_options' to be an object", param="stream_options")
+    for name in options:
+        if name not in STREAM_OPTIONS:
+            raise ApiError(400, f"unknown field '{name}' in stream_options", param=f"stream_options.{name}")
+    return _bool(options.get("include_usage", False), "stream_options.include_usage")
+
+
+def _parse_logit_bias(bias: Any) -> dict[int, float]:
+    """{"token id": bias from -100 to 100}; the ids are checked against the vocabulary later."""
+    if not isinstance(bias, dict):
+        raise ApiError(400, "expected 'logit_bias' to be an object of token id -> bias", param="logit_bias")
+    parsed = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ApiError(400, f"expected token ids as keys, got {key!r}", param="logit_bias")
+        parsed[int(key)] = _optional_number(value, f"logit_bias.{key}", -100.0, 100.0)
+    return parsed
 
 
 def _parse_message(message: Any, param: str, request: GenerationRequest) -> dict:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, "expected an object with a string 'role'", param=param)
+    unread = next((name for name, value in message.items() if name not in MESSAGE_FIELDS and value is not None), None)
+    if unread is not None:
+        raise ApiError(400, f"a message's '{unread}' is not supported (only role and content are read)",
+                       param=f"{param}.{unread}", code="unsupported_field")
     if message["role"] not in ROLES:
         raise ApiError(400, f"expected a role in {list(ROLES)}, got {message['role']!r}", param=f"{param}.role")
     content = message.get("content")
@@ -183,11 +254,13 @@ def _bool(value: Any, param: str) -> bool:
     return value
 
 
-def _optional_int(value: Any, param: str, low: int) -> int | None:
+def _optional_int(value: Any, param: str, low: int, high: int | None = None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ApiError(400, f"expected an integer >= {low}, got {value!r}", param=param)
+    if high is not None and value > high:
+        raise ApiError(400, f"expected an integer from {low} to {high}, got {value!r}", param=param)
     return value
 
 
@@ -239,40 +312,3 @@ class Usage:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-
-class ResponseShape:
-    """The ids, object names and choice layout of one endpoint's replies and stream chunks."""
-
-    def __init__(self, chat: bool, model: str):
-        self.chat = chat
-        self.model = model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _envelope(self, obj: str, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-
-    def complete(self, text: str, finish_reason: str, usage: Usage) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = usage.body()
-        return body
-
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage.body()
-        return body
