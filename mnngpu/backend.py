@@ -137,8 +137,8 @@ class Capabilities:
     windowed_convolution: bool = False
     # Packed weights are host arrays any instance can use: create_lora shares them with the base.
     host_weights: bool = False
-    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values back and writes
-    # them into a fresh cache (runtime.kv.read_kv / write_kv).
+    # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values (and recurrent
+    # states, state_caches) back and writes them into a fresh cache (runtime.kv).
     kv_transfer: bool = False
     # The format the backend stores floats in: float32, float16 or bfloat16 (Vulkan's KV cache and
     # dense weights; its activations stay float32).

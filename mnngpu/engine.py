@@ -32,7 +32,7 @@ from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.static_module import weights_location
-from mnngpu.runtime.validate import PLE_FEED, graph_inputs, has_recurrent_state, uses_ple, validate_model
+from mnngpu.runtime.validate import PLE_FEED, cache_layout, graph_inputs, uses_ple, validate_model
 from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
 
@@ -139,6 +139,7 @@ class Llm:
         self._tokenizer = None
         self._lora_base: Llm | None = None   # create_lora(): the model whose weights this one shares
         self.prefix_cache: PrefixCache | None = None
+        self.cache_layout = None   # runtime.kv.CacheLayout, read at load when the prefix cache is on
         self._verified: list[int] = []   # the last verify block, until discard()
         self._hidden_parts: list[np.ndarray] = []   # hidden_states rows of the last forward or verify
 
@@ -168,6 +169,7 @@ class Llm:
         self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings,
                                        cfg.origin("tie_embeddings"))
         net = validate_model(cfg, self.embedding)
+        self.cache_layout = cache_layout(net) if self.prefix_cache is not None else None
         self.per_layer_embedding = _per_layer_embedding(cfg, self.embedding.vocab_size)
         report("weights mapped", 1, 1)
         self.graph_inputs = graph_inputs(net)
@@ -175,8 +177,7 @@ class Llm:
         self.position_axes = position_axes(net)
         self._prompt = None
         self.sampler = Sampler(cfg.raw)
-        self.strategy = create_strategy(cfg, net.output_names, self.embedding, self.runtime.placements,
-                                        recurrent_state=has_recurrent_state(net))
+        self.strategy = create_strategy(cfg, net.output_names, self.embedding, self.runtime.placements)
         module_config = ModuleConfig(shape_mutable=not self.runtime.fixed_shape, rearrange=True,
                                      base=self._base_module())
         report("weights packed", 0, 1)
@@ -387,9 +388,10 @@ class Llm:
     # ---- the prefix cache (prefix_cache_path) -------------------------------------------------
     def cache_prefix(self, ids) -> int:
         """Put the keys and values of `ids`, a prompt's reusable start (a system prompt, a
-        document), into the empty KV cache: read from prefix_cache_path when stored there, else
-        prefilled and stored. Returns how many tokens were read from disk (0 or len(ids)).
-        generate() then prefills only what follows; it also finds a stored prefix by itself."""
+        document), into the empty KV cache, and the recurrent layers' state after them: read from
+        prefix_cache_path when stored there, else prefilled and stored. Returns how many tokens
+        were read from disk (0 or len(ids)). generate() then prefills only what follows; it also
+        finds a stored prefix by itself."""
         self._require_loaded()
         ids = self._check_ids(ids)
         if self.prefix_cache is None:
@@ -400,7 +402,7 @@ class Llm:
             self._restore_prefix(ids)
             return len(ids)
         self.forward(ids)
-        self.prefix_cache.store(ids, self.runtime.backend())
+        self.prefix_cache.store(ids, self.runtime.backend(), self._state_backend())
         return 0
 
     def _reuse_stored_prefix(self, ids: list[int]) -> int:
@@ -414,11 +416,20 @@ class Llm:
         return len(stored)
 
     def _restore_prefix(self, ids: list[int]) -> None:
-        self.prefix_cache.restore(ids, self.config.layer_nums, self.runtime.backend())
+        self.prefix_cache.restore(ids, self.cache_layout, self.runtime.backend(), self._state_backend())
         meta = self.runtime.kv_meta
         meta.previous, meta.remove, meta.reserve = len(ids), 0, []
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(ids)
+
+    def _state_backend(self):
+        """The backend whose state_caches hold the recurrent layers' states: the main one where it
+        runs LinearAttention, else the CPU backup that placement sent the ops to."""
+        main = self.runtime.backend()
+        if not self.cache_layout.states or any(p.op_type == "LinearAttention" and p.backend == main.type
+                                               for p in self.runtime.placements.entries.values()):
+            return main
+        return self.runtime.cpu_backup()
 
     def verify(self, ids) -> Logits:
         """Logits [1, verify_length, vocab] for a speculative block of exactly verify_length ids,
@@ -432,6 +443,7 @@ class Llm:
             raise InputError(f"a verify block is {self.pool.verify_length} ids (draft_predict_length + 1), "
                              f"got {len(ids)}", field="input_ids")
         self._hidden_parts = []
+        self.runtime.kv_meta.verify = True   # discard() may take rows back: recurrent layers keep what rolls them back
         logits = self._run(ids, all_logits=True, verify=True)
         self._verified = ids
         self.context.all_seq_len = self.runtime.kv_meta.previous
@@ -439,7 +451,8 @@ class Llm:
 
     def discard(self, keep: int) -> None:
         """Keep only the first `keep` ids of the last verify block in the KV cache; the rest are
-        removed (KVMeta remove) before the next forward, without reallocating the cache."""
+        removed (KVMeta remove) before the next forward, without reallocating the cache, and a
+        recurrent layer's state rolls back to the kept rows' end then (runtime.kv.state_step)."""
         block = self._verified
         if not 0 < keep <= len(block):
             raise InputError(f"keep 1..{len(block)} ids of the verify block, got {keep}", field="keep")
@@ -450,7 +463,8 @@ class Llm:
 
     # ---- generation --------------------------------------------------------------------------
     def _finite(self, logits: np.ndarray) -> np.ndarray:
-        if not np.isfinite(logits).all():
+        # min and max carry any NaN or infinity without a vocab-sized temporary, once per token
+        if not (np.isfinite(logits.min()) and np.isfinite(logits.max())):
             raise ModelFormatError("the model computed non-finite logits (damaged weights?)",
                                    path=self.config.weight_path)
         return logits

@@ -233,17 +233,42 @@ def _count_until_mass(mass: np.ndarray, threshold: float) -> int:
     return int(reached[0]) + 1 if reached.size else mass.size
 
 
+TOP_K_SAMPLE_STRIDE = 32   # top_k looks for its threshold among every 32nd logit first
+# Elements per comparison in top_k's pass over the vocab. Its mask then stays under 128 KB: the CPU
+# backend fixes malloc's mmap threshold there, and a larger temporary would be mapped, faulted in
+# and unmapped again at every token.
+SCAN_BLOCK = 65_536
+
+
 def top_k(candidates: Candidates, k: int) -> Candidates:
     """The k highest logits (ties: lower id first), highest first."""
     logits = candidates[1]
     if k >= logits.size:
         return candidates
-    kth_value = np.partition(logits, logits.size - k)[logits.size - k]
-    above = np.flatnonzero(logits > kth_value)
-    tied = np.flatnonzero(logits == kth_value)[: k - above.size]
+    pool = _top_k_pool(logits, k)
+    values = logits[pool]
+    kth_value = np.partition(values, values.size - k)[values.size - k]
+    above = pool[values > kth_value]
+    tied = pool[values == kth_value][: k - above.size]
     chosen = np.concatenate([above, tied])
     order = np.lexsort((chosen, -logits[chosen]))
     return _keep(candidates, chosen[order])
+
+
+def _top_k_pool(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ascending positions of every logit at or above the k-th highest (about k * stride of them).
+
+    The k-th highest of a sample is at most the k-th highest of all (the sample's top k are k
+    logits at least that high), so every logit at or above it includes the top k and all their
+    ties. Partitioning the sample and then the pool costs a small part of partitioning the vocab."""
+    sample = logits[::TOP_K_SAMPLE_STRIDE]
+    if sample.size <= k:
+        return np.arange(logits.size)
+    floor = np.partition(sample, sample.size - k)[sample.size - k]
+    if np.isnan(floor):   # NaN sorts above everything and compares false: search the whole vocab
+        return np.arange(logits.size)
+    return np.concatenate([np.flatnonzero(logits[start: start + SCAN_BLOCK] >= floor) + start
+                           for start in range(0, logits.size, SCAN_BLOCK)])
 
 
 def top_p(candidates: Candidates, p: float, temperature: float) -> Candidates:

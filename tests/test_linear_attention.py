@@ -17,12 +17,13 @@ import pytest
 from mnngpu import llm as mnngpu_llm
 from mnngpu.backend import BackendConfig, Node
 from mnngpu.backends.cpu import CPUBackend
-from mnngpu.backends.cpu.ops.linear_attention import CHUNK, HostStateCache, gated_delta_rule, short_conv
-from mnngpu.errors import ConfigError, ModelFormatError
+from mnngpu.backends.cpu.ops.linear_attention import CHUNK, gated_delta_rule, short_conv
+from mnngpu.errors import ModelFormatError
 from mnngpu.format.params import LinearAttentionParam
 from mnngpu.ops import linear_attention
-from mnngpu.runtime.kv import KVMeta, StateCache, StateRollbackError, cache_nbytes, state_step
+from mnngpu.runtime.kv import HostStateCache, KVMeta, StateCache, StateRollbackError, cache_nbytes, state_step
 from tests import reference as numpy_reference
+from tests.backend.harness import OneOp
 from tests.conftest import FIXTURES, reference
 
 MODEL = "lfm2_int4_b64"
@@ -134,6 +135,68 @@ def test_only_the_real_rows_of_a_padded_chunk_enter_the_delta_rule_state():
     assert not got[7:].any()
     np.testing.assert_allclose(parts["conv"], want_history, rtol=1e-6)
     np.testing.assert_allclose(parts["recurrent"], want_state, rtol=0, atol=2e-5 * np.abs(want_state).max())
+
+
+class LayerRuns:
+    """One LinearAttention node on a CPU backend, run over token rows of its inputs as the engine's
+    forwards drive it (KVMeta add, verify, remove); an execution per row count, one state."""
+
+    def __init__(self, table: LinearAttentionParam, qkv: np.ndarray, weight: np.ndarray, gate: np.ndarray,
+                 beta: np.ndarray):
+        self.backend = CPUBackend(BackendConfig(precision="high", thread_num=2, keep_tensors=True), KVMeta())
+        self.node = Node("LinearAttention", "/layers.0/la", table)
+        self.qkv, self.weight, self.gate, self.beta = qkv, weight, gate, beta
+        self.ops: dict[int, OneOp] = {}
+
+    def forward(self, start: int, stop: int, verify: bool = False, remove: int = 0) -> np.ndarray:
+        """The output of rows start..stop; `remove`: rows of the last forward the cache drops first."""
+        arrays = [self.qkv[start:stop, :, None, None], self.gate[None, start:stop], self.beta[None, start:stop],
+                  self.weight[:, None, :]]
+        if stop - start not in self.ops:
+            self.ops[stop - start] = OneOp(self.backend, self.node, arrays, host=(3,))
+        meta = self.backend.kv_meta
+        meta.remove, meta.add, meta.verify = remove, stop - start, verify
+        (out,) = self.ops[stop - start](*arrays)
+        meta.sync()
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.backend.state_caches[self.node.name].read()
+
+
+def layer_inputs(table: LinearAttentionParam, seq: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Token-row qkv (seq, channels), a conv weight (channels, kernel), gate and beta (seq, v heads)."""
+    rng = np.random.default_rng(seed)
+    channels = linear_attention.qkv_channels(table)
+    qkv = rng.normal(size=(seq, channels)).astype(np.float32)
+    weight = rng.normal(scale=0.5, size=(linear_attention.conv_channels(table), DELTA_KERNEL)).astype(np.float32)
+    gate = -np.log1p(np.exp(rng.normal(size=(seq, table.num_v_heads)))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.normal(size=(seq, table.num_v_heads))))).astype(np.float32)
+    return qkv, weight, gate, beta
+
+
+@pytest.mark.parametrize("fields", [DELTA, {}], ids=["gated_delta_rule", "short_conv"])
+@pytest.mark.parametrize("removed", [1, 3, 5])
+def test_a_verify_forward_then_a_remove_equals_a_forward_of_the_kept_rows(fields, removed):
+    """A prompt of 9 rows, a verify block of 6 rows of which the next forward removes `removed`,
+    then one more row: bit for bit what the prompt, the kept rows and that row leave (state and
+    output), and a remove reaching before the block is still refused."""
+    table = param(**fields)
+    inputs = layer_inputs(table, 16, seed=11)
+    kept = 6 - removed
+    spec, plain = LayerRuns(table, *inputs), LayerRuns(table, *inputs)
+    spec.forward(0, 9)
+    spec.forward(9, 15, verify=True)
+    plain.forward(0, 9)
+    plain.forward(9, 9 + kept)
+    assert spec.backend.state_caches[spec.node.name].undoable == 6
+    # the row after the kept ones: row 15 stands in for the token the sampler picked
+    np.testing.assert_array_equal(spec.forward(15, 16, remove=removed), plain.forward(15, 16))
+    for name, part in plain.state().items():
+        np.testing.assert_array_equal(spec.state()[name], part)
+    assert spec.backend.state_caches[spec.node.name].undoable == 0   # only a verify forward can be taken back
+    with pytest.raises(StateRollbackError, match="cannot be rolled back"):
+        spec.forward(15, 16, remove=1)
 
 
 def test_the_cpu_state_cache_follows_the_protocol():
@@ -266,16 +329,6 @@ def test_dropping_cached_tokens_behind_the_state_is_refused():
     model.runtime.kv_meta.remove = 1
     with pytest.raises(StateRollbackError):
         model.forward([8])
-
-
-@pytest.mark.parametrize("keys, field", [({"speculative_type": "lookahead"}, "speculative_type"),
-                                         ({"prefix_cache_path": "prefix"}, "prefix_cache_path")])
-def test_what_needs_a_state_rollback_or_file_is_refused_at_load(tmp_path, keys, field):
-    if field == "prefix_cache_path":
-        keys = {field: str(tmp_path / "prefix")}
-    with pytest.raises(ConfigError) as error:
-        load(**keys)
-    assert error.value.field == field and "recurrent state" in str(error.value)
 
 
 def test_backends_without_a_kernel_decline_it_with_the_reason():

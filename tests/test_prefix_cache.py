@@ -1,12 +1,16 @@
 """The prefix cache (prefix_cache_path): a prompt start's keys and values on disk, reloaded when a
 later prompt starts with the same ids, so only the rest is prefilled.
 
+On a model with recurrent layers (qwen3_5, lfm2) the file holds each layer's state after the
+prefix too.
+
 Truths: the same split prefill without the cache (identical logits), the unsplit prefill (within
 float error), MNN's recorded greedy tokens, the HF tokenizer's token counts of the system turn.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -17,7 +21,9 @@ from mnngpu.apps.chat import ChatSession
 from mnngpu.apps.server.engine import ServedModel
 from mnngpu.apps.server.protocol import parse_chat_request
 from mnngpu.errors import CacheFileError, ConfigError
-from tests.conftest import backend_or_skip
+from mnngpu.runtime import prefix_cache
+from tests.conformance.test_fixture_models import load
+from tests.conftest import backend_or_skip, reference
 from tests.reference_model import MODEL_DIR, hf_count, hf_render, load_model, recorded
 
 SYSTEM = "You are a helpful farmer who answers in few words."
@@ -178,3 +184,96 @@ def test_prefix_cache_path_from_the_command_line_is_used(tmp_path):
     model.load()
     ids = recorded("hello")["ids"]
     assert model.cache_prefix(ids) == 0 and files_in(tmp_path / "prefixes")   # stored where --config said
+
+
+# ---- recurrent state (qwen3_5's gated delta rule, lfm2's short convolution) ---------------------
+
+RECURRENT = ("qwen3_5_int4_b64", "lfm2_int4_b64")
+
+
+@pytest.mark.parametrize("backend_type", ["cpu", "opencl", "vulkan"])   # the backends with kv_transfer
+@pytest.mark.parametrize("name", RECURRENT)
+def test_a_prefix_round_trip_with_recurrent_state_gives_the_same_tokens(tmp_path, name, backend_type):
+    """On cpu, and on a device backend whose CPU backup keeps the state: the prefix's state is stored
+    and read back with its keys and values, and the reply is the one without the prefix cache."""
+    backend_or_skip(backend_type)
+    ids = reference(name)[0]["prompts"][4]["ids"]
+    head, rest = ids[: len(ids) // 2], ids[len(ids) // 2:]
+    settings = {"prefix_cache_path": str(tmp_path / "prefixes"), "sampler_type": "greedy"}
+    plain = load(name, backend_type, sampler_type="greedy").generate(ids, 8)
+
+    first = load(name, backend_type, **settings)
+    assert first.cache_prefix(head) == 0                       # prefilled, then stored
+    split = last_logits(first, rest)
+    second = load(name, backend_type, **settings)
+    assert second.cache_prefix(head) == len(head)              # read back: keys, values and state
+    np.testing.assert_array_equal(last_logits(second, rest), split)
+
+    third = load(name, backend_type, **settings)
+    assert third.generate(ids, 8) == plain                     # generate finds the stored prefix itself
+    assert third.context.prefix_cached == len(head)
+
+
+def rewrite(path, change_header, keep_bytes=None) -> None:
+    """Rewrite a prefix-cache file with its JSON header changed (and its body cut to `keep_bytes`),
+    under a valid digest, as a file written by another version or for another model would be."""
+    data = path.read_bytes()
+    _, version, size = prefix_cache._HEADER.unpack_from(data)
+    start = prefix_cache._HEADER.size
+    header = json.loads(data[start: start + size])
+    version = change_header(header) or version
+    text = json.dumps(header).encode()
+    body = data[start + size: len(data) - prefix_cache.DIGEST_BYTES][:keep_bytes]
+    content = prefix_cache._HEADER.pack(prefix_cache.MAGIC, version, len(text)) + text + body
+    digest = prefix_cache._digest()
+    digest.update(content)
+    path.write_bytes(content + digest.digest())
+
+
+def as_version_1(header: dict) -> int:
+    """What the version before recurrent state wrote: no "states" (and no state bytes)."""
+    del header["states"]
+    return 1
+
+
+def test_a_file_without_the_state_or_with_other_state_shapes_is_refused(tmp_path):
+    name = RECURRENT[0]
+    cache = tmp_path / "prefixes"
+    head = reference(name)[0]["prompts"][4]["ids"][:9]
+    model = load(name, "cpu", prefix_cache_path=str(cache))
+    model.cache_prefix(head)
+    (path,) = cache.iterdir()
+    original = path.read_bytes()
+    layout = model.cache_layout
+    state_bytes = 4 * sum(int(np.prod(shape)) for parts in layout.states.values() for shape in parts.values())
+    assert len(layout.states) == 3 and state_bytes > 0
+
+    rewrite(path, as_version_1, keep_bytes=-state_bytes)
+    with pytest.raises(CacheFileError, match="holds no recurrent state") as caught:
+        load(name, "cpu", prefix_cache_path=str(cache)).cache_prefix(head)
+    assert str(path) in str(caught.value)
+
+    layer = min(layout.states)
+    path.write_bytes(original)
+    rewrite(path, lambda header: header["states"][layer].update(conv=[128, 2]))
+    fresh = load(name, "cpu", prefix_cache_path=str(cache))
+    with pytest.raises(CacheFileError, match=f"for {layer}, the model's is"):
+        fresh.generate(reference(name)[0]["prompts"][4]["ids"], 1)
+    assert fresh.runtime.kv_meta.kept == 0                     # nothing of it was used
+
+    path.write_bytes(original)
+    assert load(name, "cpu", prefix_cache_path=str(cache)).cache_prefix(head) == len(head)
+
+
+def test_a_version_1_file_still_serves_a_model_without_recurrent_state(tmp_path):
+    cache = tmp_path / "prefixes"
+    ids = recorded("hello")["ids"] * 3
+    head, rest = ids[:8], ids[8:]
+    first = load_model(prefix_cache_path=str(cache))
+    first.cache_prefix(head)
+    want = last_logits(first, rest)
+    (path,) = cache.iterdir()
+    rewrite(path, as_version_1)
+    second = load_model(prefix_cache_path=str(cache))
+    assert second.cache_prefix(head) == len(head)
+    np.testing.assert_array_equal(last_logits(second, rest), want)

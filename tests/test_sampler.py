@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from mnngpu.errors import ConfigError, InputError
-from mnngpu.sampler import Sampler, SamplerSettings, penalize
+from mnngpu.sampler import TOP_K_SAMPLE_STRIDE, Sampler, SamplerSettings, penalize
 
 FIXTURE_MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "qwen2_int4_b64"
 
@@ -240,6 +240,42 @@ def test_single_filter_keeps_the_reference_set(step, value, temperature):
 def test_top_k_ties_keep_lower_ids():
     logits = np.array([1.0, 2.0, 2.0, 0.0, 2.0, 2.0], dtype=np.float32)
     assert kept_ids(Sampler({"sampler_type": "topK", "top_k": 3}), logits) == [1, 2, 4]
+
+
+def vocab_scale_logits(case: str, size: int = 151_936) -> np.ndarray:
+    """Logits the size of a real vocab, shaped to corner top_k's search for its threshold."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(size) * 3).astype(np.float32)
+    if case == "rounded":   # many exact ties everywhere, the k-th value among them
+        logits = np.round(logits).astype(np.float32)
+    elif case == "hidden_top":   # the highest logits all at ids that top_k's strided sample skips
+        sampled = np.arange(size) % TOP_K_SAMPLE_STRIDE == 0
+        logits[sampled] = -5.0
+        logits[rng.choice(np.flatnonzero(~sampled), 60, replace=False)] = 9.0
+    elif case == "banned":   # most of the vocab banned (-inf), fewer than k finite in the sample
+        logits[rng.random(size) < 0.995] = -np.inf
+    elif case == "flat":   # every logit the same: the lowest ids win
+        logits[:] = 1.5
+    return logits
+
+
+@pytest.mark.parametrize("case", ["normal", "rounded", "hidden_top", "banned", "flat"])
+@pytest.mark.parametrize("k", [1, 40, 700])
+def test_top_k_at_vocab_scale_keeps_the_reference_order(case, k):
+    logits = vocab_scale_logits(case)
+    expected = [i for i, _ in ref_top_k(all_pairs(logits), k, 1.0)]
+    assert kept_ids(Sampler({"sampler_type": "topK", "top_k": k}), logits) == expected
+
+
+def test_top_k_after_bias_keeps_the_reference_order():
+    # with logit_bias the kept ids are positions in a biased copy; the whole-vocab path still applies
+    logits = vocab_scale_logits("normal", 151_936)
+    config = {"mixed_samplers": ["topK", "greedy"], "top_k": 40, "logit_bias": {"3": 50.0, "99": -100.0}}
+    biased = logits.copy()
+    biased[3] += 50.0
+    biased[99] -= 100.0
+    expected = [i for i, _ in ref_top_k(all_pairs(biased), 40, 1.0)]
+    assert kept_ids(Sampler(config), logits) == expected
 
 
 def test_min_p_is_absolute_and_keeps_at_least_one():

@@ -9,6 +9,7 @@ tokenizer and chat template of the fixture's source.
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tests.reference_model import (
     RAW_PROMPT,
     greedy_reply,
     hf_count,
+    hf_render,
     hf_tokenizer,
     load_model,
     stop_ids,
@@ -310,3 +312,91 @@ def test_each_measured_row_now_gives_the_right_result(server):
     assert len(api.completions.create(**{**COMPLETION, "prompt": ["a", "b"]}).choices) == 2
     assert client.get("/health").status_code == 200
     assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+
+
+# ---- message roles: developer and tool ----------------------------------------------------------------
+
+WEATHER_CALL = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}
+TOOL_HISTORY = [
+    {"role": "developer", "content": "Answer in one word."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
+    {"role": "tool", "content": "21 C", "tool_call_id": "call_1"},
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+]
+# a template that names the developer role, so developer messages reach it as they are
+DEVELOPER_TEMPLATE = ("{% for m in messages %}{% if m.role == 'developer' %}<|im_start|>system\n# Developer\n"
+                      "{% else %}<|im_start|>{{ m.role }}\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def as_hf_messages(messages: list[dict], developer_as_system: bool) -> list[dict]:
+    """The messages as transformers' templates take them: tool-call arguments as objects, and (for a
+    template that has no developer role) developer turns as system ones."""
+    converted = []
+    for message in messages:
+        message = {**message, "content": message["content"] or ""}
+        if developer_as_system and message["role"] == "developer":
+            message["role"] = "system"
+        if "tool_calls" in message:
+            message["tool_calls"] = [{**call, "function": {**call["function"], "arguments": json.loads(
+                call["function"]["arguments"])}} for call in message["tool_calls"]]
+        converted.append(message)
+    return converted
+
+
+def served_tokens(client, messages: list[dict]) -> list[int]:
+    response = client.post("/tokenize", json={"messages": messages})
+    assert response.status_code == 200, response.text
+    return response.json()["tokens"]
+
+
+def test_developer_and_tool_messages_render_as_huggingface_renders_the_fixtures_template(server):
+    client, api = server
+    truth = hf_render(as_hf_messages(TOOL_HISTORY, developer_as_system=True))
+    assert truth.startswith("<|im_start|>system\nAnswer in one word.<|im_end|>\n")
+    assert "<|im_start|>tool\n21 C<|im_end|>" in truth
+    assert served_tokens(client, TOOL_HISTORY) == hf_tokenizer().encode(truth).ids
+    reply = api.chat.completions.create(model=MODEL, messages=TOOL_HISTORY, max_tokens=4, temperature=0)
+    assert reply.usage.prompt_tokens == hf_count(truth)
+
+
+def tools_template() -> str:
+    """Qwen2.5's ChatML template with tool calls, as MNN's rendering of it is recorded."""
+    cases = json.loads((ROOT / "tests" / "fixtures" / "prompt_reference.json").read_text(encoding="utf-8"))["cases"]
+    return next(case for case in cases if case["name"] == "tools_plain_chat")["jinja"]["chat_template"]
+
+
+@pytest.mark.parametrize(("template", "developer_as_system"), [(None, True), (DEVELOPER_TEMPLATE, False)],
+                         ids=["tool-template", "developer-template"])
+def test_developer_and_tool_messages_render_as_transformers_renders_other_templates(template, developer_as_system):
+    transformers = pytest.importorskip("transformers")
+    template = template or tools_template()
+    served = ServedModel(load_model(jinja={"chat_template": template}), MODEL)
+    client = TestClient(create_app(served))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(ROOT / "tests" / "fixtures" / "models" /
+                                                                  "qwen2_int4_b64" / "hf" / "tokenizer.json"))
+    truth = hf.apply_chat_template(as_hf_messages(TOOL_HISTORY, developer_as_system), chat_template=template,
+                                   tokenize=False, add_generation_prompt=True)
+    assert ("# Developer\nAnswer in one word." in truth) != developer_as_system
+    assert served_tokens(client, TOOL_HISTORY) == hf_tokenizer().encode(truth).ids
+    reply = client.post("/v1/chat/completions", json={"messages": TOOL_HISTORY, "max_tokens": 2, "temperature": 0})
+    assert reply.json()["usage"]["prompt_tokens"] == hf_count(truth)
+    served.close()
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    ({"role": "tool", "content": "21 C"}, "messages[0].tool_call_id"),
+    ({"role": "user", "content": "x", "tool_call_id": "c"}, "messages[0].tool_call_id"),
+    ({"role": "user", "content": "x", "tool_calls": [WEATHER_CALL]}, "messages[0].tool_calls"),
+    ({"role": "assistant", "tool_calls": [{**WEATHER_CALL, "function": {"name": "f", "arguments": "[1]"}}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"role": "assistant", "tool_calls": [{**WEATHER_CALL, "type": "code"}]}, "messages[0].tool_calls[0]"),
+    ({"role": "assistant", "tool_calls": [{"type": "function", "function": WEATHER_CALL["function"]}]},
+     "messages[0].tool_calls[0].id"),
+])
+def test_a_bad_tool_or_tool_call_message_gets_a_400_naming_the_key(server, message, param):
+    response = server[0].post("/v1/chat/completions", json={**CHAT_BODY, "messages": [message]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -34,8 +34,8 @@ from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_thr
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import CPUEncoderAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.linear import CPUConvolution, pack_linear  # noqa: E402
-from mnngpu.backends.cpu.ops.linear_attention import HostStateCache  # noqa: E402
 from mnngpu.ops.linear import is_pointwise, is_windowed  # noqa: E402
+from mnngpu.runtime.kv import HostStateCache  # noqa: E402
 from mnngpu.runtime.planned import PlannedExecution, Recording  # noqa: E402
 
 # Results up to this size are copied into an earlier download's array of the same shape once the
@@ -186,7 +186,8 @@ class CPUBackend(Backend):
 
     # ---- recurrent state (runtime.kv.StateCache) ---------------------------------------------------
     def _state_cache(self, name: str, shapes: dict[str, tuple[int, ...]]) -> HostStateCache:
-        """The state of the recurrent op `name`, made zero when absent (kept in `state_caches`)."""
+        """The state of the recurrent op `name`, made zero when absent (kept in `state_caches`; the
+        prefix cache may have put it there, runtime.kv.write_states)."""
         if name not in self.state_caches:
             self.state_caches[name] = HostStateCache(shapes)
         return self.state_caches[name]

@@ -4,8 +4,8 @@
 need the draft modules MNN's exporter writes next to llm.mnn: a folder without them gets a
 one-line reason at load. EAGLE runs with eagle_topk 1; mnngpu does not run mtp and dflash drafts
 yet, so a folder with them gets a ConfigError too. "draftmodel" appears in MNN's config notes
-only; its engine has no such strategy. A model with recurrent state (LinearAttention) decodes
-autoregressively only: a partly rejected verify block would need the state rolled back.
+only; its engine has no such strategy. On a model with recurrent state (LinearAttention) every
+strategy runs too: a partly rejected verify block rolls the state back (runtime.kv.state_step).
 """
 
 from __future__ import annotations
@@ -29,19 +29,13 @@ DRAFT_MODULES = {
 SPECULATIVE_CHOICES = ("lookahead", *DRAFT_MODULES)
 
 
-def create_strategy(config: LlmConfig, graph_outputs: list[str], embedding=None, placements=None,
-                    recurrent_state: bool = False):
+def create_strategy(config: LlmConfig, graph_outputs: list[str], embedding=None, placements=None):
     """The strategy for this model, or a ConfigError saying in one line why it cannot run.
     `embedding` (the base model's DiskEmbedding, which a draft head reads) and `placements` (the
-    base runtime's PlacementTable, which records the draft's ops too) serve a draft head;
-    `recurrent_state`: the graph keeps a recurrent state (runtime.validate.has_recurrent_state)."""
+    base runtime's PlacementTable, which records the draft's ops too) serve a draft head."""
     kind = config.speculative_type
     if kind == "":
         return ArGeneration()
-    if recurrent_state:
-        _fail(config, "speculative_type", f"'{kind}' is not implemented for a model with recurrent state "
-                                          "(LinearAttention layers): a partly rejected draft would need the "
-                                          "state rolled back; remove the key for plain decoding")
     if kind == "lookahead":
         return _lookahead(config)
     if kind in DRAFT_MODULES:

@@ -12,8 +12,11 @@ Like MNN's, it also carries the config's `attn_scale` to every Attention op.
 A recurrent layer (LinearAttention, mnngpu/ops/linear_attention.py) keeps a state instead of keys
 and values: the state after the `previous` tokens. KVMeta drives it too (`state_step`): a forward
 that keeps no token (the first after `reset()`, which clears the cache) starts from zero state, a
-chunked prefill carries it from chunk to chunk, and a forward that would drop tokens from behind
-it (`remove` with tokens kept, `reserve`) is refused: the state cannot be rolled back.
+chunked prefill carries it from chunk to chunk, and a `remove` of some rows of the last forward
+rolls it back, where that forward was marked `verify` (a speculative verify block, whose rejected
+rows the next forward removes): the layer kept its state from before the block and the block's
+inputs, and runs the accepted rows again. Any other drop of tokens behind the state (a `remove`
+reaching further back, a `reserve`) is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ if TYPE_CHECKING:
 
 # layer index -> (keys, values), each float32 (kv_heads, length, head_dim)
 Layers = dict[int, tuple[np.ndarray, np.ndarray]]
+# recurrent op name -> its state's parts (StateCache.read)
+States = dict[str, dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What a model's caches hold for a sequence (runtime.validate.cache_layout reads it off the
+    graph): the KV cache's layers, by Attention layer_index, and each recurrent layer's state
+    shapes, by LinearAttention op name (StateCache.shapes)."""
+
+    kv_layers: tuple[int, ...]
+    states: dict[str, dict[str, tuple[int, ...]]]
 
 
 @dataclass
@@ -39,6 +54,9 @@ class KVMeta:
     add: int = 0
     reserve: list[tuple[int, int]] = field(default_factory=list)
     attn_scale: float = 0.0  # llm_config's attn_scale; 0: none recorded
+    # this forward is a verify block: the next forward may `remove` some of its rows again, so a
+    # recurrent layer keeps what rolls its state back to any of them
+    verify: bool = False
 
     @property
     def n_reserve(self) -> int:
@@ -54,6 +72,7 @@ class KVMeta:
         self.remove = 0
         self.add = 0
         self.reserve = []
+        self.verify = False
 
     def clear(self) -> None:
         """Drop the whole cache on the next forward."""
@@ -106,7 +125,8 @@ class StateCache(Protocol):
     The state is a few named float32 arrays of fixed shapes (ops.linear_attention.state_shapes):
     "conv", the causal convolution's last inputs (channels, kernel - 1), and for the gated delta
     rule "recurrent" (v heads, head_k_dim, head_v_dim). It holds what the tokens KVMeta counts as
-    `previous` left behind; `state_step` says when it starts from zero."""
+    `previous` left behind; `state_step` says when it starts from zero, and how far back a `remove`
+    may roll it (`undoable`: the rows of the last forward, when KVMeta marked it `verify`)."""
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -122,24 +142,83 @@ class StateCache(Protocol):
     def write(self, parts: dict[str, np.ndarray]) -> None:
         """Hold exactly these parts (the shapes of `shapes`)."""
 
+    @property
+    def undoable(self) -> int:
+        """How many rows of the last forward a `remove` may take back (0: none)."""
+
     def reset(self) -> None:
-        """Zero every part: the state before any token."""
+        """Zero every part: the state before any token (nothing left to take back)."""
+
+
+class HostStateCache:
+    """A StateCache of float32 host arrays: the CPU backend's (a device backend's LinearAttention
+    runs on its CPU backup), and what the prefix cache fills (`write_states`). It also keeps what
+    takes the last verify forward back (the CPU kernel's rollback): the state before it
+    (`before`) and its real input rows (`rows`: qkv (channels, n), and for the gated delta rule
+    gate and beta (n, v heads))."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        self.parts = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
+        self.before: dict[str, np.ndarray] = {}
+        self.rows: tuple[np.ndarray, ...] = ()
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: part.shape for name, part in self.parts.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in (*self.parts.values(), *self.before.values(), *self.rows))
+
+    @property
+    def undoable(self) -> int:
+        return self.rows[0].shape[1] if self.rows else 0
+
+    def remember(self, rows: tuple[np.ndarray, ...]) -> None:
+        """Keep the state as it is now, and copies of the input rows the coming forward takes in."""
+        self.before = self.read()
+        self.rows = tuple(np.array(part, dtype=np.float32) for part in rows)
+
+    def forget(self) -> None:
+        """Drop what would take the last forward back."""
+        self.before, self.rows = {}, ()
+
+    def read(self) -> dict[str, np.ndarray]:
+        return {name: part.copy() for name, part in self.parts.items()}
+
+    def write(self, parts: dict[str, np.ndarray]) -> None:
+        if {name: np.shape(part) for name, part in parts.items()} != self.shapes:
+            raise ValueError(f"a state of {self.shapes}, got {({n: np.shape(p) for n, p in parts.items()})}")
+        for name, part in parts.items():
+            self.parts[name][...] = part
+        self.forget()
+
+    def reset(self) -> None:
+        for part in self.parts.values():
+            part[...] = 0.0
+        self.forget()
 
 
 class StateRollbackError(MnnGpuError):
     """A forward would drop tokens that a recurrent layer's state has already taken in."""
 
 
-def state_step(meta: KVMeta | None, layer: str) -> bool:
+def state_step(meta: KVMeta | None, layer: str, undoable: int = 0) -> bool:
     """Whether the next forward continues a recurrent layer's state (False: it starts from zero,
-    the cache keeping no token). Raises StateRollbackError for a forward that keeps some tokens but
-    drops later ones (a rejected verify block, a reserve), which would need the state rolled back."""
+    the cache keeping no token); when it does, the state first takes back KVMeta's `remove` rows.
+    `undoable`: how many rows of the last forward the layer can take back (StateCache.undoable).
+    Raises StateRollbackError for a forward that keeps some tokens but drops more than that, or
+    moves a reserve: the state has taken them in and cannot be rolled back that far."""
     if meta is None or meta.kept == 0:
         return False
-    if meta.remove or meta.reserve:
+    if meta.reserve:
+        raise StateRollbackError(f"this forward keeps reserved spans of removed tokens, but layer {layer} keeps "
+                                 "a recurrent state that has taken all of them in and cannot be rolled back",
+                                 field="kv_meta.reserve")
+    if meta.remove > undoable:
         raise StateRollbackError(f"this forward drops {meta.remove} cached tokens, but layer {layer} keeps a "
-                                 "recurrent state that has taken them in and cannot be rolled back",
-                                 field="kv_meta.remove")
+                                 "recurrent state that has taken them in and cannot be rolled back further than "
+                                 f"the rows of the last verify forward ({undoable})", field="kv_meta.remove")
     return True
 
 
@@ -160,6 +239,22 @@ def write_kv(backend: Backend, layers: Layers) -> None:
     backend.finish()
     for layer, (keys, values) in layers.items():
         backend.kv_cache(layer, keys.shape[0], keys.shape[2]).write(keys, values)
+
+
+def read_states(backend: Backend) -> States:
+    """Every recurrent layer's state the backend holds, by op name (the prefix cache's)."""
+    backend.finish()
+    return {name: state.read() for name, state in sorted(backend.state_caches.items())}
+
+
+def write_states(backend: Backend, states: States) -> None:
+    """Make each recurrent layer's state hold exactly these parts (as read_states returns them), a
+    HostStateCache where the layer has not run yet."""
+    backend.finish()
+    for name, parts in states.items():
+        if name not in backend.state_caches:
+            backend.state_caches[name] = HostStateCache({part: value.shape for part, value in parts.items()})
+        backend.state_caches[name].write(parts)
 
 
 @dataclass

@@ -10,9 +10,13 @@ decides its contents, so no caller has to:
                                     rows and the settings that shape the KV values (backend,
                                     precision, attention_mode, attn_scale); ids digest: the prefix ids
 
-A file is the magic, a JSON header (model key, ids, per-layer shapes), each layer's keys then
-values as float32 (kv_heads, length, head_dim), and a BLAKE2b digest of all that. A file whose
-digest, model key, ids or shapes do not match is refused with CacheFileError and never used.
+A file is the magic, a JSON header (model key, ids, per-layer shapes, and each recurrent layer's
+state shapes), each layer's keys then values as float32 (kv_heads, length, head_dim), each
+recurrent layer's state after the ids (LinearAttention, runtime.kv.StateCache: its parts as float32,
+by op name then part name), and a BLAKE2b digest of all that. A file whose digest, model key, ids,
+layers or state shapes do not match the model (runtime.kv.CacheLayout) is refused with
+CacheFileError and never used. Version 1 files hold no state: a model with recurrent layers refuses
+them.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import numpy as np
 
 from mnngpu.backend import Backend
 from mnngpu.errors import CacheFileError
-from mnngpu.runtime.kv import Layers, read_kv, write_kv
+from mnngpu.runtime.kv import CacheLayout, Layers, States, read_kv, read_states, write_kv, write_states
 
 MAGIC = b"MNNGPUKV"
-VERSION = 1
+VERSION = 2
+READABLE = (1, VERSION)   # version 1: the same, without recurrent states
 SUFFIX = ".kv"
 DIGEST_BYTES = 32
 _HEADER = struct.Struct("<8sII")   # magic, version, header JSON length
@@ -99,35 +104,36 @@ class PrefixCache:
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def restore(self, ids: list[int], layer_count: int, backend: Backend) -> None:
-        """Fill `backend`'s KV caches with the stored keys and values of `ids` (load's checks apply)."""
-        write_kv(backend, self.load(ids, layer_count))
+    def restore(self, ids: list[int], layout: CacheLayout, backend: Backend, state_backend: Backend) -> None:
+        """Fill `backend`'s KV caches with the stored keys and values of `ids`, and `state_backend`'s
+        recurrent states (the backend that runs the LinearAttention ops) with theirs (load's checks apply)."""
+        layers, states = self.load(ids, layout)
+        write_kv(backend, layers)
+        write_states(state_backend, states)
 
-    def load(self, ids: list[int], layer_count: int) -> Layers:
-        """The stored keys and values of `ids`, for a model of `layer_count` Attention layers.
-        Raises CacheFileError for a damaged or foreign file."""
+    def load(self, ids: list[int], layout: CacheLayout) -> tuple[Layers, States]:
+        """The stored keys and values of `ids` and the recurrent states after them, for a model whose
+        caches are laid out as `layout`. Raises CacheFileError for a damaged or foreign file."""
         path = self.path_for(ids)
         data = path.read_bytes()
         header = self._header(path, data)
         if header["ids"] != ids:
             raise CacheFileError("holds the keys and values of other prompt ids; delete it", path=path)
         shapes = {int(layer): tuple(shape) for layer, shape in header["layers"].items()}
-        if sorted(shapes) != list(range(layer_count)):
-            raise CacheFileError(f"holds layers {sorted(shapes)}, the model has {layer_count}; delete it", path=path)
+        if sorted(shapes) != list(layout.kv_layers):
+            raise CacheFileError(f"holds the keys and values of layers {sorted(shapes)}, the model's Attention "
+                                 f"layers are {list(layout.kv_layers)}; delete it", path=path)
+        _check_states(path, _state_shapes(header), layout.states)
+        reader = _Reader(data, _HEADER.size + header["_json_bytes"])
         length = len(ids)
-        offset = _HEADER.size + header["_json_bytes"]
-        layers: Layers = {}
-        for layer, (kv_heads, head_dim) in sorted(shapes.items()):
-            count = kv_heads * length * head_dim
-            pair = []
-            for _ in range(2):
-                pair.append(np.frombuffer(data, dtype="<f4", count=count, offset=offset)
-                            .reshape(kv_heads, length, head_dim))
-                offset += count * 4
-            layers[layer] = (pair[0], pair[1])
-        if offset != len(data) - DIGEST_BYTES:
-            raise CacheFileError(f"expected {offset + DIGEST_BYTES} bytes, got {len(data)}; delete it", path=path)
-        return layers
+        layers: Layers = {layer: (reader.take((kv_heads, length, head_dim)), reader.take((kv_heads, length, head_dim)))
+                          for layer, (kv_heads, head_dim) in sorted(shapes.items())}
+        states: States = {name: {part: reader.take(shape) for part, shape in sorted(parts.items())}
+                          for name, parts in sorted(layout.states.items())}
+        if reader.offset != len(data) - DIGEST_BYTES:
+            raise CacheFileError(f"expected {reader.offset + DIGEST_BYTES} bytes, got {len(data)}; delete it",
+                                 path=path)
+        return layers, states
 
     def _header(self, path: Path, data: bytes) -> dict:
         if len(data) < _HEADER.size + DIGEST_BYTES:
@@ -137,8 +143,9 @@ class PrefixCache:
         if digest.digest() != data[-DIGEST_BYTES:]:
             raise CacheFileError("damaged: its checksum does not match its contents; delete it", path=path)
         magic, version, json_bytes = _HEADER.unpack_from(data)
-        if magic != MAGIC or version != VERSION:
-            raise CacheFileError(f"expected an mnngpu prefix-cache file version {VERSION}; delete it", path=path)
+        if magic != MAGIC or version not in READABLE:
+            raise CacheFileError(f"expected an mnngpu prefix-cache file of version {' or '.join(map(str, READABLE))}; "
+                                 "delete it", path=path)
         header = json.loads(data[_HEADER.size: _HEADER.size + json_bytes])
         if header.get("model") != self.key:
             raise CacheFileError("made by another model or other runtime settings (backend, precision, "
@@ -148,22 +155,26 @@ class PrefixCache:
 
     # ---- writing ---------------------------------------------------------------------------
 
-    def store(self, ids: list[int], backend: Backend) -> Path:
-        """Save the keys and values `backend`'s KV caches hold for `ids` (its first len(ids) tokens)."""
-        return self.save(ids, read_kv(backend, len(ids)))
+    def store(self, ids: list[int], backend: Backend, state_backend: Backend) -> Path:
+        """Save the keys and values `backend`'s KV caches hold for `ids` (its first len(ids) tokens),
+        and the recurrent states `state_backend` holds after them."""
+        return self.save(ids, read_kv(backend, len(ids)), read_states(state_backend))
 
-    def save(self, ids: list[int], layers: Layers) -> Path:
-        """Write the keys and values of `ids`: to a temporary name, then renamed, so a reader never
-        sees half a file."""
+    def save(self, ids: list[int], layers: Layers, states: States | None = None) -> Path:
+        """Write the keys and values of `ids` and the states after them: to a temporary name, then
+        renamed, so a reader never sees half a file."""
+        states = states or {}
         header = {"model": self.key, "ids": [int(i) for i in ids],
-                  "layers": {str(layer): [k.shape[0], k.shape[2]] for layer, (k, _) in sorted(layers.items())}}
+                  "layers": {str(layer): [k.shape[0], k.shape[2]] for layer, (k, _) in sorted(layers.items())},
+                  "states": {name: {part: list(value.shape) for part, value in sorted(parts.items())}
+                             for name, parts in sorted(states.items())}}
         text = json.dumps(header).encode()
         digest = _digest()
         path = self.path_for(ids)
         self.directory.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
         with open(partial, "wb") as file:
-            for piece in self._pieces(text, layers):
+            for piece in self._pieces(text, layers, states):
                 digest.update(piece)
                 file.write(piece)
             file.write(digest.digest())
@@ -171,9 +182,45 @@ class PrefixCache:
         return path
 
     @staticmethod
-    def _pieces(text: bytes, layers: Layers):
+    def _pieces(text: bytes, layers: Layers, states: States):
         yield _HEADER.pack(MAGIC, VERSION, len(text))
         yield text
         for _, (keys, values) in sorted(layers.items()):
             yield np.ascontiguousarray(keys, dtype="<f4").tobytes()
             yield np.ascontiguousarray(values, dtype="<f4").tobytes()
+        for _, parts in sorted(states.items()):
+            for _, value in sorted(parts.items()):
+                yield np.ascontiguousarray(value, dtype="<f4").tobytes()
+
+
+class _Reader:
+    """float32 arrays read one after another from a file's bytes."""
+
+    def __init__(self, data: bytes, offset: int):
+        self.data, self.offset = data, offset
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        count = int(np.prod(shape))
+        array = np.frombuffer(self.data, dtype="<f4", count=count, offset=self.offset).reshape(shape)
+        self.offset += count * 4
+        return array
+
+
+def _state_shapes(header: dict) -> dict[str, dict[str, tuple[int, ...]]]:
+    return {name: {part: tuple(shape) for part, shape in parts.items()}
+            for name, parts in header.get("states", {}).items()}
+
+
+def _check_states(path: Path, stored: dict, wanted: dict) -> None:
+    """The file's recurrent states are the model's, each part of the model's shape."""
+    if stored == wanted:
+        return
+    if wanted and not stored:
+        raise CacheFileError(f"holds no recurrent state, but the model has {len(wanted)} recurrent layers "
+                             "(LinearAttention) whose state must come with the keys and values; delete it", path=path)
+    if sorted(stored) != sorted(wanted):
+        raise CacheFileError(f"holds the states of layers {sorted(stored)}, the model's recurrent layers are "
+                             f"{sorted(wanted)}; delete it", path=path)
+    name = next(name for name in sorted(wanted) if stored[name] != wanted[name])
+    raise CacheFileError(f"holds a state of {stored[name]} for {name}, the model's is {wanted[name]}; delete it",
+                         path=path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, create_backend
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
-from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.kv import KVMeta, cache_nbytes
 from mnngpu.runtime.module_pool import PREFILL_LEN
 from mnngpu.runtime.placement import PlacementTable
 
@@ -61,6 +61,12 @@ class RuntimeManager:
             config = dataclasses.replace(self.schedule.backend_config, keep_tensors=True)
             self._cpu_backup = create_backend("cpu", config, self.kv_meta)
         return self._cpu_backup
+
+    def cache_bytes(self) -> int:
+        """Bytes the sequence holds: every KV cache and recurrent state, on the backend and on the CPU
+        backup where one was made (it keeps the states of the layers it runs)."""
+        backends = {id(b): b for b in (self._backend, self._cpu_backup) if b is not None}
+        return sum(cache_nbytes(backend) for backend in backends.values())
 
     def describe(self) -> str:
         """The backend and its device, e.g. "vulkan on llvmpipe (CPU)"."""

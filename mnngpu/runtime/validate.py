@@ -27,6 +27,7 @@ from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
 from mnngpu.ops import linear_attention
+from mnngpu.runtime.kv import CacheLayout
 from mnngpu.runtime.moe import expert_subgraphs
 from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 
@@ -53,7 +54,6 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
     check_ple_input(net, config)
     check_graph(net, extra + ((PLE_FEED,) if uses_ple(config) else ()))
     check_dimensions(net, config, embedding)
-    check_recurrent_state(net, config)
     return net
 
 
@@ -109,14 +109,20 @@ def _check_linear_attention(net: Net, op: Op, where: str) -> None:
     if problem is not None:
         field, expected = problem
         raise _error(net, expected, f"{where}.{field}")
-    weight = next((source for source in net.ops if op.inputs[3] in source.outputs), None)
-    if weight is not None and weight.type == "Const":
-        weight_problem = linear_attention.conv_weight_problem(param, tuple(weight.param.dims or ()))
+    dims = _conv_weight_dims(net, op)
+    if dims is not None:
+        weight_problem = linear_attention.conv_weight_problem(param, dims)
         if weight_problem is not None:
             raise _error(net, weight_problem, f"{where}.head_v_dim")
     reason = linear_attention.refusal(param)
     if reason is not None:
         raise ModelFormatError(reason, path=net.path, field=f"{where}.attn_type")
+
+
+def _conv_weight_dims(net: Net, op: Op) -> tuple[int, ...] | None:
+    """The dims of a LinearAttention's conv_weight (input 3) where a Const holds it, else None."""
+    weight = next((source for source in net.ops if op.inputs[3] in source.outputs), None)
+    return tuple(weight.param.dims or ()) if weight is not None and weight.type == "Const" else None
 
 
 def _check_param(net: Net, op: Op, where: str) -> None:
@@ -245,12 +251,22 @@ def has_recurrent_state(net: Net) -> bool:
     return any(op.type == "LinearAttention" for op in net.ops)
 
 
-def check_recurrent_state(net: Net, config: LlmConfig) -> None:
-    """The prefix cache's files hold keys and values only: refused for a model with recurrent state."""
-    if has_recurrent_state(net) and config.is_set("prefix_cache_path"):
-        raise ConfigError("not implemented for a model with recurrent state (LinearAttention layers): the "
-                          "prefix cache's files do not hold that state yet; remove the key",
-                          path=config.origin("prefix_cache_path"), field="prefix_cache_path")
+def cache_layout(net: Net) -> CacheLayout:
+    """What the graph caches per sequence (the prefix cache checks its files against it): the
+    Attention layers' keys and values, and each LinearAttention's state, whose convolution history
+    is as long as its conv_weight Const's kernel - 1."""
+    states = {}
+    for position, op in enumerate(net.ops):
+        if op.type != "LinearAttention":
+            continue
+        dims = _conv_weight_dims(net, op)
+        if dims is None or len(dims) != 3:
+            raise _error(net, "a conv_weight (input 3) that is a Const of (channels, 1, kernel), whose kernel "
+                              f"sizes the recurrent state, got {dims or 'no Const'}",
+                         f"{_where(position, op)}.inputs[3]")
+        states[op.name] = linear_attention.state_shapes(op.param, dims[2])
+    kv_layers = tuple(sorted(op.param.layer_index for op in net.ops if op.type == "Attention"))
+    return CacheLayout(kv_layers, states)
 
 
 # ---- messages ----------------------------------------------------------------------------

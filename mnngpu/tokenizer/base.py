@@ -31,6 +31,8 @@ class Tokenizer:
         self.format_type = header.type
         self.special_ids = list(header.special_ids)
         self.stop_ids = list(header.stop_ids)
+        self._special_set = frozenset(self.special_ids)   # is_special/is_stop run once per generated token
+        self._stop_set = frozenset(self.stop_ids)
         self.prefix_ids = list(header.prefix_ids)
         self._backend = backend
         self._encode_fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20
@@ -91,10 +93,10 @@ class Tokenizer:
         return StreamDecoder(self.token_bytes)
 
     def is_stop(self, token_id: int) -> bool:
-        return token_id in self.stop_ids
+        return token_id in self._stop_set
 
     def is_special(self, token_id: int) -> bool:
-        return token_id in self.special_ids
+        return token_id in self._special_set
 
     def token_id(self, text: str) -> int | None:
         """The id whose text is exactly `text` (a special token's first), or None."""

@@ -12,10 +12,10 @@ from mnngpu.backends.cpu.ops.base import HostOpExecution
 from mnngpu.backends.cpu.ops.elementwise import BinaryExecution, UnaryExecution
 from mnngpu.backends.cpu.ops.linear import CPUGatedLinear, CPULinear
 from mnngpu.backends.cpu.ops.linear_attention import CPULinearAttention
-from mnngpu.backends.cpu.ops.routing import CPUSparseMoE
 from mnngpu.backends.cpu.ops.movement import ViewExecution
 from mnngpu.backends.cpu.ops.norm import CPULayerNorm
 from mnngpu.backends.cpu.ops.rope import CPURoPE
+from mnngpu.backends.cpu.ops.routing import CPUSparseMoE
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
 from mnngpu.ops.movement import VIEW_OPS
 from mnngpu.ops.rope import ROPE

@@ -1,11 +1,17 @@
 """LinearAttention on the CPU (mnngpu/ops/linear_attention.py): the short convolution (LFM2) and the
 gated delta rule (Qwen3.5), with each layer's state kept in the backend's `state_caches` (a
-runtime.kv.StateCache of host arrays).
+runtime.kv.HostStateCache).
 
 A forward takes its rows all at once: the convolution is `kernel` shifted multiply-adds over the
 rows (no loop over tokens), and the delta rule runs in chunks of CHUNK tokens (`delta_rule_chunk`:
 a few matrix products and one triangular solve per chunk, all heads together). On a fixed-shape
 backend's padded prefill chunk only the first KVMeta.add rows are real; only they enter the state.
+
+Rollback (runtime.kv.state_step): in a forward KVMeta marks `verify`, the state cache keeps the
+state from before it and the forward's real input rows. When the next forward removes r of its n
+rows, the layer puts that state back and runs the first n - r rows again, through the same kernel
+as a forward of those rows, so the state is the one such a forward leaves, bit for bit. Any other
+forward drops what was kept.
 """
 
 from __future__ import annotations
@@ -14,37 +20,9 @@ import numpy as np
 
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.ops.linear_attention import GATED_DELTA_RULE, L2_EPSILON, state_shapes, token_rows
-from mnngpu.runtime.kv import state_step
+from mnngpu.runtime.kv import HostStateCache, state_step
 
 CHUNK = 64   # tokens of the delta rule solved together: the triangular solve grows as CHUNK ** 2
-
-
-class HostStateCache:
-    """One recurrent layer's state as float32 host arrays (runtime.kv.StateCache)."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]):
-        self.parts = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: part.shape for name, part in self.parts.items()}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(part.nbytes for part in self.parts.values())
-
-    def read(self) -> dict[str, np.ndarray]:
-        return {name: part.copy() for name, part in self.parts.items()}
-
-    def write(self, parts: dict[str, np.ndarray]) -> None:
-        if {name: np.shape(part) for name, part in parts.items()} != self.shapes:
-            raise ValueError(f"a state of {self.shapes}, got {({n: np.shape(p) for n, p in parts.items()})}")
-        for name, part in parts.items():
-            self.parts[name][...] = part
-
-    def reset(self) -> None:
-        for part in self.parts.values():
-            part[...] = 0.0
 
 
 def causal_conv(padded: np.ndarray, weight: np.ndarray, seq: int) -> np.ndarray:
@@ -184,6 +162,7 @@ class CPULinearAttention(CPUExecution):
         self.qkv = qkv.reshape(self.seq, self.channels).T if self.rows_first else qkv.reshape(self.channels, self.seq)
         self.weight = np.ascontiguousarray(self.value(self.inputs[3]), dtype=np.float32).reshape(-1, self.kernel)
         self.out = self.outputs[0].device.reshape(self.seq, -1)
+        self.gate = self.beta = None   # the short convolution reads neither
         if self.delta_rule:
             self.gate = self.value(self.inputs[1]).reshape(self.seq, -1)
             self.beta = self.value(self.inputs[2]).reshape(self.seq, -1)
@@ -191,12 +170,32 @@ class CPULinearAttention(CPUExecution):
     def onExecute(self, inputs, outputs):  # noqa: N802
         meta = self.backend.kv_meta
         state = self.backend._state_cache(self.node.name, self.shapes)
-        if not state_step(meta, self.node.name):
+        if not state_step(meta, self.node.name, state.undoable):
             state.reset()
+        elif meta.remove:
+            self._take_back(state, meta.remove)
         rows = min(meta.add, self.seq) if meta is not None else self.seq
+        real = (self.qkv[:, :rows], self.gate[:rows], self.beta[:rows]) if self.delta_rule else (self.qkv[:, :rows],)
+        if meta is not None and meta.verify:
+            state.remember(real)
+        else:
+            state.forget()
+        self._advance(state, self.qkv, self.gate, self.beta, rows, self.out)
+
+    def _advance(self, state: HostStateCache, qkv, gate, beta, rows: int, out: np.ndarray) -> None:
+        """Run the layer over qkv's columns (the first `rows` real), advancing `state`; into out."""
         if self.delta_rule:
-            gated_delta_rule(self.qkv, self.weight, self.gate, self.beta, state.parts, self.node.param, rows,
-                             self.out)
+            gated_delta_rule(qkv, self.weight, gate, beta, state.parts, self.node.param, rows, out)
             return
-        padded = self.backend._scratch("short_conv", (self.weight.shape[0], self.kernel - 1 + self.seq))
-        short_conv(self.qkv, self.weight, state.parts["conv"], rows, self.out, padded)
+        padded = self.backend._scratch("short_conv", (self.weight.shape[0], self.kernel - 1 + qkv.shape[1]))
+        short_conv(qkv, self.weight, state.parts["conv"], rows, out, padded)
+
+    def _take_back(self, state: HostStateCache, dropped: int) -> None:
+        """Roll the state back to the end of the last forward's first n - dropped rows: the state
+        from before it, then those rows again (their output unused)."""
+        qkv, *gate_beta = state.rows
+        kept = qkv.shape[1] - dropped
+        state.write(state.before)   # which also forgets
+        if kept:
+            gate, beta = (part[:kept] for part in gate_beta) if gate_beta else (None, None)
+            self._advance(state, qkv[:, :kept], gate, beta, kept, np.empty((kept, self.out.shape[1]), np.float32))

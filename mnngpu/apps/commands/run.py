@@ -64,8 +64,9 @@ def run(args) -> int:
         if not started:   # the prefill's new kernels (an image's) are known now: say so before the reply
             jit.announce()
             started.append(True)
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        if piece:   # a token inside an unfinished UTF-8 sequence or a hidden special token shows nothing
+            sys.stdout.write(piece)
+            sys.stdout.flush()
 
     text = model.prompt.apply_chat_template(prompt)
     generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)

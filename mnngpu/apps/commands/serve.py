@@ -67,8 +67,8 @@ def run(args) -> int:
         from mnngpu.apps.server.engine import ModelSlot
         from mnngpu.apps.server.lifecycle import GracefulServer, bind
     except ImportError as exc:
-        raise MnnGpuError(f"the server needs starlette and uvicorn ({exc.name} is missing): "
-                          "pip install 'mnngpu[serve]'", field="serve") from None
+        raise MnnGpuError(f"the server needs starlette, uvicorn and prometheus_client ({exc.name} is "
+                          "missing): pip install 'mnngpu[serve]'", field="serve") from None
 
     listener = bind(args.host, args.port)
     try:

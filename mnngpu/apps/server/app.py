@@ -8,12 +8,14 @@ endpoints an operator or an evaluation harness uses.
     POST /tokenize              {"prompt": "..."} or {"messages": [...]} -> {"tokens": [...], "count": n}
     POST /detokenize            {"tokens": [...]} -> {"prompt": "..."}
     GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template
+    GET  /metrics               Prometheus's text format: requests, tokens, queue, KV cache, latencies
 
 A streamed reply is a server-sent event per piece of text, then `data: [DONE]`. Request
 bodies larger than `max_body_bytes` get 413; any refused request gets a 4xx with an
 OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a streamed request is
 checked before its stream starts, so it gets its 4xx status too. Every request makes one
-access line (logger "mnngpu.access"), every failure an error line (logger "mnngpu.server").
+access line (logger "mnngpu.access") and is counted in /metrics once its status is sent, every
+failure makes an error line (logger "mnngpu.server").
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from http import HTTPStatus
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,11 +38,13 @@ from starlette.routing import Route
 
 from mnngpu.apps.server.choice import Piece
 from mnngpu.apps.server.engine import Job, ModelSlot, Result, ServedModel
+from mnngpu.apps.server.metrics import ServerMetrics
 from mnngpu.apps.server.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     ApiError,
     GenerationRequest,
     error_body,
+    for_template,
     parse_chat_request,
     parse_completion_request,
 )
@@ -50,8 +55,10 @@ from mnngpu.apps.server.tokens import detokenize, tokenize
 def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
     """The app over a loaded model, or over a ModelSlot that gets one once it has loaded."""
     slot = served if isinstance(served, ModelSlot) else ModelSlot(served)
-    api = OpenAiApi(slot, max_body_bytes)
-    routes = [
+    routes: list[Route] = []
+    metrics = ServerMetrics(routes, slot)
+    api = OpenAiApi(slot, max_body_bytes, metrics)
+    routes += [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
@@ -60,6 +67,7 @@ def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MA
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),
+        Route("/metrics", api.scrape, methods=["GET"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
 
@@ -68,7 +76,7 @@ def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MA
         yield
         slot.close()
 
-    return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan))
+    return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), metrics)
 
 
 ACCESS_LOG = logging.getLogger("mnngpu.access")
@@ -78,25 +86,32 @@ TOKENS_KEY = "mnngpu.completion_tokens"  # where a request's scope records the t
 
 class AccessLog:
     """ASGI middleware: one line per HTTP request, once its response has ended, in uvicorn's
-    access format plus the tokens generated and the time taken."""
+    access format plus the tokens generated and the time taken. The response is counted in
+    /metrics as its status goes out, so a client that has the status can see the count."""
 
-    def __init__(self, app):
+    def __init__(self, app, metrics: ServerMetrics):
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status = [500]
+        counted = [False]
 
         async def send_and_note(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                self.metrics.count_response(scope, status[0])
+                counted[0] = True
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
         finally:
+            if not counted[0]:
+                self.metrics.count_response(scope, status[0])
             client = scope.get("client") or ("-", 0)
             path = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
             tokens = scope.get(TOKENS_KEY)
@@ -113,9 +128,10 @@ def _phrase(status: int) -> str:
 
 
 class OpenAiApi:
-    def __init__(self, slot: ModelSlot, max_body_bytes: int):
+    def __init__(self, slot: ModelSlot, max_body_bytes: int, metrics: ServerMetrics):
         self.slot = slot
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     @property
     def served(self) -> ServedModel:
@@ -138,6 +154,9 @@ class OpenAiApi:
         status = "stopping" if self.slot.stopping else "loading" if self.slot.served is None else "ok"
         return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
+    async def scrape(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     async def tokenize(self, request: Request) -> JSONResponse:
         body = await read_json(request, self.max_body_bytes)
         return JSONResponse(tokenize(self.served.llm, body))
@@ -151,6 +170,7 @@ class OpenAiApi:
 
     async def chat_completions(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
+        parsed.messages = for_template(parsed.messages, self.served.chat_template())
         prompt = self.served.chat_prompt(parsed.messages)
         return await self._generate(request, parsed, [prompt], chat=True)
 

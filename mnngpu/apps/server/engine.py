@@ -7,12 +7,14 @@ cache holds (see mnngpu/apps/chat.py). Each job gets a fresh sampler built from 
 config and the request's settings, so no setting or random state carries over to the next
 request. A job whose client went away is cancelled: it stops after the current token, or never
 starts if it was still waiting. `max_queue` bounds the jobs waiting behind the running one; once
-the server is stopping, new jobs are refused.
+the server is stopping, new jobs are refused. Its counts for GET /metrics are in `metrics`
+(metrics.py): every job's usage, and the time of each token its sampler gives.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from mnngpu.apps.chat import PromptCache
 from mnngpu.apps.server.choice import Choice, ChoiceRun, Piece
 from mnngpu.apps.server.logprobs import RequestSampler
+from mnngpu.apps.server.metrics import ModelMetrics
 from mnngpu.apps.server.protocol import (
     ApiError,
     GenerationRequest,
@@ -52,6 +55,7 @@ class Job:
     sampler: RequestSampler
     on_text: Callable[[Piece], None] | None = None   # called on the worker thread with each piece to send
     cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)   # when the request was read
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -84,6 +88,17 @@ class ServedModel:
         self._waiting = 0
         self._running: Job | None = None
         self._stopping = False
+        self.metrics = ModelMetrics(self)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs in the queue, not started yet."""
+        return self._waiting
+
+    @property
+    def running(self) -> int:
+        """Jobs being generated: 0 or 1."""
+        return int(self._running is not None)
 
     # ---- called from the server's event loop --------------------------------------------------------
     def chat_prompt(self, messages: list[dict]) -> str:
@@ -182,12 +197,14 @@ class ServedModel:
         run = ChoiceRun(self.llm, self.cache, job.request, job.sampler, self.show_special,
                         lambda: job.cancelled.is_set() or self._stopping, job.on_text)
         choices: list[Choice] = []
-        self.llm.sampler = job.sampler
+        clock = self.metrics.token_clock(job.sampler, job.arrived)
+        self.llm.sampler = clock
         self._running = job
         try:
             with self.llm.media_sources(job.request.media):
                 for number, prompt in enumerate(job.prompts):
                     for index in range(number * job.request.n, (number + 1) * job.request.n):
+                        clock.next_choice()
                         choices.append(self._choice(run, prompt, index))
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
@@ -204,6 +221,7 @@ class ServedModel:
         return run.run(prompt, index)
 
     def _record(self, result: Result) -> Result:
+        self.metrics.record_usage(result.usage)
         with self.stats.done:
             self.stats.finished += 1
             self.stats.cancelled += any(choice.finish_reason == "cancelled" for choice in result.choices)

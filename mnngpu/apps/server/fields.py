@@ -53,8 +53,9 @@ def _refused(note: str, asks_nothing: Callable[[Any], bool] = _is_null,
 
 FIELDS: dict[str, Field] = {
     "model": _inert("one model is served; any id is answered by it (GET /v1/models names it)"),
-    "messages": _implemented("roles system, user, assistant; text, image_url (data: URLs) and input_audio (wav) "
-                             "parts", (CHAT,)),
+    "messages": _implemented("roles system, developer (as system unless the chat template names developer), "
+                             "user, assistant (with tool_calls), tool (with tool_call_id); text, image_url "
+                             "(data: URLs) and input_audio (wav) parts", (CHAT,)),
     "prompt": _implemented("a string, a list of strings, a list of token ids or a list of token-id lists; "
                            "one choice (n of them) per prompt", (COMPLETIONS,)),
     "max_tokens": _implemented("new tokens at most (0 only with echo); cut to the room max_all_tokens leaves"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,10 @@ from mnngpu.apps.server.fields import CHAT, COMPLETIONS, STREAM_OPTIONS, refused
 MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 128   # prompts times n in one request
-ROLES = ("system", "user", "assistant")
-MESSAGE_FIELDS = ("role", "content")
+# the keys each role's message may carry; a role not here, or another key, is refused by name
+MESSAGE_FIELDS = {"system": ("role", "content"), "developer": ("role", "content"), "user": ("role", "content"),
+                  "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
+ROLES = tuple(MESSAGE_FIELDS)
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 PromptInput = str | list[int]   # a prompt's text, or its token ids
@@ -168,15 +171,27 @@ def _parse_logit_bias(bias: Any) -> dict[int, float]:
 
 
 def _parse_message(message: Any, param: str, request: GenerationRequest) -> dict:
+    """A message as the chat template gets it: role, content as text and, for an assistant's tool
+    calls and a tool's reply, tool_calls and tool_call_id."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, "expected an object with a string 'role'", param=param)
-    unread = next((name for name, value in message.items() if name not in MESSAGE_FIELDS and value is not None), None)
+    role = message["role"]
+    if role not in ROLES:
+        raise ApiError(400, f"expected a role in {list(ROLES)}, got {role!r}", param=f"{param}.role")
+    read = MESSAGE_FIELDS[role]
+    unread = next((name for name, value in message.items() if name not in read and value is not None), None)
     if unread is not None:
-        raise ApiError(400, f"a message's '{unread}' is not supported (only role and content are read)",
+        raise ApiError(400, f"a {role} message's '{unread}' is not supported (only {', '.join(read)} are read)",
                        param=f"{param}.{unread}", code="unsupported_field")
-    if message["role"] not in ROLES:
-        raise ApiError(400, f"expected a role in {list(ROLES)}, got {message['role']!r}", param=f"{param}.role")
-    content = message.get("content")
+    parsed = {"role": role, "content": _message_text(message.get("content"), param, request)}
+    if role == "tool":
+        parsed["tool_call_id"] = _required_str(message.get("tool_call_id"), f"{param}.tool_call_id")
+    if message.get("tool_calls") is not None:
+        parsed["tool_calls"] = _parse_tool_calls(message["tool_calls"], f"{param}.tool_calls")
+    return parsed
+
+
+def _message_text(content: Any, param: str, request: GenerationRequest) -> str:
     if content is None:
         content = ""
     if isinstance(content, list):
@@ -184,7 +199,49 @@ def _parse_message(message: Any, param: str, request: GenerationRequest) -> dict
     if not isinstance(content, str):
         raise ApiError(400, "expected 'content' to be a string or a list of text, image_url and input_audio parts",
                        param=f"{param}.content")
-    return {"role": message["role"], "content": content}
+    return content
+
+
+def _parse_tool_calls(calls: Any, param: str) -> list[dict]:
+    """An assistant's earlier tool calls, as HF chat templates read them: OpenAI's
+    {"id", "type": "function", "function": {"name", "arguments": JSON text}}, with the arguments
+    parsed into the object they write (templates render them with `tojson`)."""
+    if not isinstance(calls, list):
+        raise ApiError(400, "expected 'tool_calls' to be a list of function calls", param=param)
+    parsed = []
+    for index, call in enumerate(calls):
+        where = f"{param}[{index}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(
+                call.get("function"), dict):
+            raise ApiError(400, 'expected {"id", "type": "function", "function": {"name", "arguments"}}',
+                           param=where)
+        function = call["function"]
+        name = _required_str(function.get("name"), f"{where}.function.name")
+        arguments = _required_str(function.get("arguments"), f"{where}.function.arguments")
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise ApiError(400, "expected the arguments to be a JSON object's text", param=f"{where}.function.arguments")
+        parsed.append({"id": _required_str(call.get("id"), f"{where}.id"), "type": "function",
+                       "function": {"name": name, "arguments": arguments}})
+    return parsed
+
+
+def _required_str(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise ApiError(400, f"expected a string, got {value!r}", param=param)
+    return value
+
+
+def for_template(messages: list[dict], template: str | None) -> list[dict]:
+    """The messages as the model's chat template gets them. OpenAI's `developer` role is the
+    instructions role of its newer models: a template that names no developer role gets those
+    messages as `system` ones, the role it has for instructions."""
+    if template and "developer" in template:
+        return messages
+    return [{**message, "role": "system"} if message["role"] == "developer" else message for message in messages]
 
 
 def _content_part(part: Any, param: str, request: GenerationRequest) -> str:

@@ -53,9 +53,9 @@ def detokenize(llm, body: dict) -> dict:
 
 
 def _chat_text(llm, body: dict) -> str:
-    from mnngpu.apps.server.protocol import parse_chat_request
+    from mnngpu.apps.server.protocol import for_template, parse_chat_request
 
-    messages = parse_chat_request({"messages": body["messages"]}).messages
+    messages = for_template(parse_chat_request({"messages": body["messages"]}).messages, llm.prompt.template_source)
     return llm.prompt.apply_chat_template(messages, _flag(body, "add_generation_prompt", True))
 
 
