@@ -2,6 +2,7 @@
 
     python -m benchmarks.compare_mnn bench_models/qwen2_5_0_5b_shape --threads 2 --rounds 3
     python -m benchmarks.compare_mnn bench_models/qwen3_moe_shape --threads 2   # the MoE model
+    python -m benchmarks.compare_mnn bench_models/qwen3_5_shape --threads 2     # Gated DeltaNet + attention
 
 Each measurement runs in a fresh process, the engines alternating (mnngpu, MNN, mnngpu, MNN, ...),
 so that neither gets a warmer page cache or a quieter machine. A process loads the model with the
@@ -122,7 +123,11 @@ METRICS = [("decode_tok_s", "decode tok/s", True), ("prefill_tok_s", "prefill to
 def report(results: dict[str, list[dict]], args, weight_bytes: int, bandwidth: float | None) -> str:
     title = (f"model {args.model_dir}  threads {args.threads}  prompt {args.prompt}  decode {args.decode}  "
              f"rounds {args.rounds}  MNN memory {args.mnn_memory or 'as the folder says'}")
-    lines = [title, cpu_description(), ""]
+    loads = [load for engine in ENGINES for r in results[engine] for load in (r["load_average"],)]
+    waiting = os.environ.get("OMP_WAIT_POLICY")
+    machine = (f"{cpu_description()}; load average {min(loads):.1f} to {max(loads):.1f} as the processes started"
+               + (f"; OMP_WAIT_POLICY={waiting} for both engines" if waiting else ""))
+    lines = [title, machine, ""]
     lines.append(f"| {'metric':26s} | {'mnngpu':>18s} | {'MNN':>18s} | {'mnngpu / MNN':>12s} |")
     lines.append(f"| {'-' * 26} | {'-' * 17}: | {'-' * 17}: | {'-' * 11}: |")
     for key, label, higher_is_better in METRICS:
@@ -170,7 +175,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
     for round_index in range(args.rounds):
         for engine in ENGINES:
-            result = run_worker(engine, args)
+            load_average = os.getloadavg()[0]
+            result = {**run_worker(engine, args), "load_average": load_average}
             results[engine].append(result)
             print(f"round {round_index + 1} {engine:7s} decode {result['decode_tok_s']:7.2f} tok/s  "
                   f"prefill {result['prefill_tok_s']:7.2f} tok/s  load {result['load_s']:5.2f} s  "

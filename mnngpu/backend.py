@@ -31,7 +31,7 @@ import numpy as np
 from mnngpu.errors import BackendUnavailableError, ConfigError
 
 if TYPE_CHECKING:
-    from mnngpu.runtime.kv import KVCache, StateCache
+    from mnngpu.runtime.kv import KVCache, Segment, StateCache
 
 
 @dataclass(eq=False)
@@ -143,6 +143,10 @@ class Capabilities:
     # The format the backend stores floats in: float32, float16 or bfloat16 (Vulkan's KV cache and
     # dense weights; its activations stay float32).
     storage: str = "float32"
+    # A forward's rows may belong to several sequences (runtime.kv.segments): continuous batching.
+    # A fixed-shape backend runs them in a module of a fixed number of rows, the rows no sequence
+    # holds idle (they store nothing in any cache).
+    batched: bool = False
     # Op types the backend knowingly has no Execution for, and why (the reason placement gives).
     lacking: Mapping[str, str] = field(default_factory=dict)
 
@@ -161,6 +165,7 @@ class Backend(ABC):
         self.description = self.type   # the backend and its device, for the ready line
         self.kv_caches: dict[int, KVCache] = {}   # layer index -> its cache, made by kv_cache()
         self.state_caches: dict[str, StateCache] = {}   # recurrent op name -> its state, made by its execution
+        self.batch: list[Segment] | None = None   # a batched forward's rows by sequence (runtime.kv.segments)
 
     def rearrange(self, node: Node) -> None:
         """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop

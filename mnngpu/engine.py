@@ -26,6 +26,7 @@ from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation.factory import create_strategy
 from mnngpu.generation.steps import DecodeSteps
 from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
+from mnngpu.runtime.kv import Segment, Sequence
 from mnngpu.runtime.module import Module, ModuleConfig
 from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
@@ -134,14 +135,26 @@ class LlmContext:
 class Llm:
     def __init__(self, config: LlmConfig):
         self.config = config
-        self.context = LlmContext()
         self._loaded = False
+        self.context = LlmContext()
         self._tokenizer = None
         self._lora_base: Llm | None = None   # create_lora(): the model whose weights this one shares
         self.prefix_cache: PrefixCache | None = None
         self.cache_layout = None   # runtime.kv.CacheLayout, read at load when the prefix cache is on
         self._verified: list[int] = []   # the last verify block, until discard()
+        self.batch_width = 1   # rows of a fixed-shape backend's batched decode module (generation.batch sets it)
         self._hidden_parts: list[np.ndarray] = []   # hidden_states rows of the last forward or verify
+
+    @property
+    def context(self) -> LlmContext:
+        """The current sequence's history and counts (each sequence keeps its own: use_sequence)."""
+        return self._context
+
+    @context.setter
+    def context(self, value: LlmContext) -> None:
+        self._context = value
+        if self._loaded:
+            self.runtime.sequence.context = value
 
     # ---- configuration and loading ---------------------------------------------------------
     def set_config(self, overrides: str | dict) -> bool:
@@ -187,6 +200,7 @@ class Llm:
         self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length)
         report("weights packed", 1, 1)
         self._loaded = True
+        self.runtime.sequence.context = self.context
         self.placement()   # every fallback known (or, under strict_device, refused) before the first token
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
 
@@ -270,6 +284,15 @@ class Llm:
         self.context = LlmContext(load_us=self.context.load_us)
 
     def _check_ids(self, ids) -> list[int]:
+        ids = self.token_ids(ids)
+        total = self.runtime.kv_meta.kept + len(ids)
+        if total > self.config.max_all_tokens:
+            raise InputError(f"{total} tokens exceed max_all_tokens={self.config.max_all_tokens}",
+                             field="max_all_tokens")
+        return ids
+
+    def token_ids(self, ids) -> list[int]:
+        """`ids` as a list of ints, checked: 1-D, not empty, inside the vocabulary."""
         array = np.asarray(ids)
         if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
             raise InputError(f"expected a 1-D list of integer token ids, got {array.dtype} {array.shape}",
@@ -280,10 +303,6 @@ class Llm:
         bad = array[(array < 0) | (array >= vocab)]
         if bad.size:
             raise InputError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab})", field="input_ids")
-        total = self.runtime.kv_meta.kept + array.size
-        if total > self.config.max_all_tokens:
-            raise InputError(f"{total} tokens exceed max_all_tokens={self.config.max_all_tokens}",
-                             field="max_all_tokens")
         return [int(i) for i in array]
 
     def _run(self, ids: list[int], all_logits: bool, verify: bool = False) -> np.ndarray:
@@ -384,6 +403,65 @@ class Llm:
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = self.runtime.kv_meta.previous
         return np.ascontiguousarray(logits[None]).view(Logits)
+
+    # ---- several sequences (mnngpu.generation.batch) ------------------------------------------
+    def new_sequence(self) -> Sequence:
+        """An empty sequence beside the current one: its own KV cache, recurrent states and context."""
+        self._require_loaded()
+        sequence = self.runtime.new_sequence()
+        sequence.context = LlmContext(load_us=self.context.load_us)
+        return sequence
+
+    def use_sequence(self, sequence: Sequence) -> None:
+        """Make `sequence` the one forward(), generate() and reset() work on; the current one keeps
+        its caches and context for when it is used again."""
+        self._require_loaded()
+        if sequence is self.runtime.sequence:
+            return
+        if sequence.context is None:
+            sequence.context = LlmContext(load_us=self.context.load_us)
+        self.runtime.use_sequence(sequence)
+        self._context = sequence.context
+        self._verified, self._hidden_parts = [], []
+
+    @property
+    def sequence(self) -> Sequence:
+        """The sequence forward() works on now."""
+        return self.runtime.sequence
+
+    def decode_rows(self, sequences: list[Sequence], tokens: list[int]) -> np.ndarray:
+        """One forward of one new token for each sequence, each at its own position over its own
+        caches, every weight read once for all of them: float32 logits [rows, vocab]. The tokens
+        enter their sequences' caches and histories; the current sequence stays current."""
+        self._require_loaded()
+        if not self.runtime.caps.batched:
+            raise MnnGpuError(f"the {self.config.backend_type} backend runs one sequence per forward")
+        if len(sequences) != len(tokens) or len({id(s) for s in sequences}) != len(sequences):
+            raise InputError("one token for each of distinct sequences", field="input_ids")
+        self.token_ids(tokens)
+        for sequence in sequences:
+            if sequence.meta.kept + 1 > self.config.max_all_tokens:
+                raise InputError(f"a sequence would exceed max_all_tokens={self.config.max_all_tokens}",
+                                 field="max_all_tokens")
+        count = len(tokens)
+        # a fixed-shape backend's module has batch_width rows; those past `count` are idle
+        rows = max(self.batch_width, count) if self.runtime.fixed_shape else count
+        embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
+        embeds[:count, 0] = self._embed(tokens)
+        firsts = np.zeros(rows, dtype=np.int32)
+        firsts[:count] = [sequence.meta.kept for sequence in sequences]
+        positions = np.tile(firsts, (self.position_axes, 1))
+        feeds = graph_feeds(embeds, 0, True, self.attention_mask, positions) | self._extra_feeds(rows)
+        feeds |= self._ple_feed(tokens, rows)
+        for sequence in sequences:
+            sequence.meta.add = 1
+        with self.runtime.batched([Segment(sequence, row, 1) for row, sequence in enumerate(sequences)]):
+            logits, = self.pool.rows(rows).forward(feeds, ["logits"])
+        for sequence, token in zip(sequences, tokens):
+            sequence.meta.sync()
+            sequence.context.history_tokens.append(token)
+            sequence.context.all_seq_len = sequence.meta.previous
+        return np.asarray(logits, dtype=np.float32).reshape(rows, -1)[:count]
 
     # ---- the prefix cache (prefix_cache_path) -------------------------------------------------
     def cache_prefix(self, ids) -> int:

@@ -7,7 +7,8 @@ results up to float rounding) runs while a background process compiles the kerne
 the compiled kernel takes over from the first call after that process is done. The tokenizer's
 fast path does the same with `warm_up`, the library's own encoder standing in meanwhile.
 
-The background process outlives a short run, so the next run finds a warm cache. Set
+The background process outlives a short run, so the next run finds a warm cache; when done, it
+deletes the cached kernels no present install loads (prune_cache). Set
 MNNGPU_BACKGROUND_COMPILE=0 to compile in the foreground instead (benchmarks and tests do).
 
 A CompileNotice (one line: how many kernels, for the first time) says when kernels go to the
@@ -26,6 +27,8 @@ import importlib
 import logging
 import os
 import pickle
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from numba.core.caching import _CacheLocator
 from numba.core.errors import NumbaPerformanceWarning
 
 log = logging.getLogger("mnngpu.jit")
@@ -59,22 +63,28 @@ def _user_cache_dir() -> Path:
     return Path(base) / "mnngpu" / "numba"
 
 
-def _shared_sources_digest() -> str:
+def _cpu_backend_dir(package: Path) -> Path | None:
+    """backends/cpu of the install whose package folder is `package` (a wheel's, or a checkout's beside it)."""
+    for cpu in (package / "backends" / "cpu", package.parent / "backends" / "cpu"):
+        if cpu.is_dir():
+            return cpu
+    return None
+
+
+def _shared_sources_digest(package: Path) -> str:
     """A digest of the CPU kernels' sources (backends/cpu/kernels: intrinsics, fastmath, ...; and
     backends/cpu/ops, whose kernels call them).
 
     numba checks a cached kernel against its own source file only, but the kernels inline helpers
     from the other files there; after a change to one of those, the cache would still hand back
     the old machine code. Each version of the helpers gets a cache folder of its own instead."""
-    here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for cpu in (here / "backends" / "cpu", here.parent / "backends" / "cpu"):  # wheel, checkout
-        if cpu.is_dir():
-            for source in sorted([*cpu.glob("kernels/*.py"), *cpu.glob("ops/*.py")]):
-                digest.update(source.relative_to(cpu).as_posix().encode() + source.read_bytes())
-            break
+    cpu = _cpu_backend_dir(package)
+    if cpu is not None:
+        for source in sorted([*cpu.glob("kernels/*.py"), *cpu.glob("ops/*.py")]):
+            digest.update(source.relative_to(cpu).as_posix().encode() + source.read_bytes())
     # the tokenizer's hash-table probe (bpe_model.int_slot), which unigram_lattice's kernels call too
-    shared = here / "tokenizer" / "bpe_model.py"
+    shared = package / "tokenizer" / "bpe_model.py"
     digest.update(shared.name.encode() + shared.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -82,7 +92,8 @@ def _shared_sources_digest() -> str:
 # Compiled kernels are cached in the user's cache, never next to an installed (maybe read-only)
 # package. numba picks the place when a kernel is decorated, so every module with kernels
 # imports this one first.
-_KERNELS_FOLDER = f"kernels-{_shared_sources_digest()}"
+PACKAGE = Path(os.path.abspath(__file__)).parent   # as numba names it: abspath, links not followed
+_KERNELS_FOLDER = f"kernels-{_shared_sources_digest(PACKAGE)}"
 _base = Path(os.environ.get("NUMBA_CACHE_DIR") or _user_cache_dir())
 numba.config.CACHE_DIR = str(_base if _base.name == _KERNELS_FOLDER else _base / _KERNELS_FOLDER)
 
@@ -93,6 +104,99 @@ def cache_dir() -> Path:
 
 def background_allowed() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+# ---- the installs a cache folder serves; pruning the kernels of the others -------------------
+#
+# The cache outlives installs: an upgrade leaves the old version's kernels-<digest> folder behind,
+# and a second venv (or a deleted one) leaves its own numba folders, since numba names a source
+# folder's cache after its absolute path. Each install that runs records its package folder under
+# installs/; the background process deletes whatever no recorded, still-present install would load.
+
+INSTALLS = "installs"
+_KERNELS_NAME = re.compile(r"kernels-[0-9a-f]{12}")
+
+
+def _cache_base() -> Path:
+    return cache_dir().parent     # cache_dir() is always <base>/kernels-<digest>
+
+
+def numba_folder(source_file: str | Path) -> str:
+    """The folder inside cache_dir() where numba caches the kernels defined in `source_file`."""
+    return _CacheLocator.get_suitable_cache_subpath(os.path.abspath(source_file))
+
+
+def _numba_folders(package: Path) -> set[str]:
+    """The numba cache folders of every source folder of the install whose package folder is `package`."""
+    cpu = _cpu_backend_dir(package)
+    roots = [package] + ([cpu.parent] if cpu is not None and package not in cpu.parents else [])
+    return {numba_folder(Path(folder) / "any.py") for root in roots for folder, _, files in os.walk(root)
+            if any(name.endswith(".py") for name in files)}
+
+
+def _register_install() -> None:
+    """Record this install's package folder, once; a cache nobody may write to only goes unpruned."""
+    record = _cache_base() / INSTALLS / hashlib.sha1(str(PACKAGE).encode()).hexdigest()
+    if record.exists():
+        return
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(str(PACKAGE))
+    except OSError:
+        pass
+
+
+_register_install()
+
+
+def _live_folders() -> dict[str, set[str]]:
+    """kernels-<digest> -> the numba folders in it that a recorded, still-present install loads.
+    Records of installs that are gone are deleted on the way."""
+    live = {_KERNELS_FOLDER: _numba_folders(PACKAGE)}
+    for record in (_cache_base() / INSTALLS).glob("*"):
+        package = Path(record.read_text())
+        if not (package / "jit.py").is_file():
+            record.unlink(missing_ok=True)
+            continue
+        live.setdefault(f"kernels-{_shared_sources_digest(package)}", set()).update(_numba_folders(package))
+    return live
+
+
+def prune_cache() -> list[Path]:
+    """Delete the cache folders that no current install loads (a folder whose background process
+    is still compiling is left alone); the folders deleted."""
+    live = _live_folders()
+    dead = []
+    for folder in _cache_base().iterdir():
+        if not (_KERNELS_NAME.fullmatch(folder.name) and folder.is_dir()):
+            continue    # only our own folders: NUMBA_CACHE_DIR may be shared with other programs
+        keep = live.get(folder.name)
+        if keep is None:
+            dead.append(folder)
+        else:
+            dead += [child for child in folder.iterdir() if child.is_dir() and child.name not in keep]
+    for folder in dead:
+        kernels_folder = folder if folder.parent == _cache_base() else folder.parent
+        if kernels_folder.name == _KERNELS_FOLDER or not _compiling_in(kernels_folder):
+            shutil.rmtree(folder, ignore_errors=True)
+    return dead
+
+
+def _compiling_in(kernels_folder: Path) -> bool:
+    """Whether a background process holds this kernels folder's compile lock now."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        with open(kernels_folder / BACKGROUND_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def compile_now(kernel, sig: tuple) -> None:
@@ -107,9 +211,9 @@ def is_cached(kernel, sig: tuple) -> bool:
     """Whether numba's cache holds `kernel` for `sig` on this machine, without loading it."""
     cache = getattr(kernel, "_cache", None)
     try:
-        context = kernel.targetctx
-        context.refresh()
-        key = cache._index_key(sig, context.codegen())
+        # no context.refresh(): the key needs the codegen only, and numba's typing and lowering
+        # registries (a second and tens of MB) are loaded only where a kernel is
+        key = cache._index_key(sig, kernel.targetctx.codegen())
         return key in cache._cache_file._load_index()
     except Exception:  # noqa: BLE001 -- a numba without these internals: compile in the foreground
         return True
@@ -125,6 +229,7 @@ class Job:
     sig: tuple = ()
     args: tuple = ()
     marker: str = ""          # a file the process writes in the cache folder once the job is done
+                              # (under the numba folder of the code it warms: one per install)
 
     def run(self) -> None:
         target = getattr(importlib.import_module(self.module), self.name)
@@ -133,6 +238,7 @@ class Job:
         else:
             target(*self.args)
         if self.marker:
+            (cache_dir() / self.marker).parent.mkdir(parents=True, exist_ok=True)
             (cache_dir() / self.marker).touch()
 
 
@@ -210,7 +316,7 @@ def notice_text(jobs: list[Job], again: bool = False) -> str:
     tokenizer's; ...`: what is compiling, in numbers (a warm_up job names its part)."""
     kernels = sum(1 for job in jobs if job.sig)
     parts = [f"{kernels}{' more' if again else ''} this model needs for the first time"] if kernels else []
-    parts += [f"the {job.marker.partition('-')[0]}'s" for job in jobs if job.marker]
+    parts += [f"the {Path(job.marker).name.partition('-')[0]}'s" for job in jobs if job.marker]
     if not kernels:
         parts[-1] += ", for the first time"
     return (f"compiling kernels in the background: {', and '.join(parts)}; slower stand-ins run until they are "
@@ -223,10 +329,13 @@ def _worker_log() -> Path:
 
 def _start_worker(jobs: list[Job]) -> subprocess.Popen:
     cache_dir().mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0"}
+    # It must import this very package: `-m` puts the current folder first on the path, and from a
+    # folder holding another mnngpu (a checkout) it would compile that one's kernels instead.
+    path = os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0", "PYTHONPATH": path}
     with open(_worker_log(), "ab") as log_file:
         # its own session: a Ctrl-C at the terminal stops the run, not the compile for the next one
-        process = subprocess.Popen([sys.executable, "-m", "mnngpu.jit"], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-m", "mnngpu.jit"], stdin=subprocess.PIPE, cwd=cache_dir(),
                                    stdout=log_file, stderr=log_file, env=env, start_new_session=True)
     process.stdin.write(pickle.dumps(jobs))
     process.stdin.close()
@@ -323,9 +432,13 @@ def _resolve(kernel, args: tuple) -> Callable:
 def warm_up(name: str, key: str, function: Callable, make_args: Callable[[], tuple]) -> Callable[[], bool]:
     """A check of whether the kernels behind `function(*make_args())` are in the cache. When they may
     not be, that call is queued for the background process; the check turns True once it has run.
-    `key` names everything the kernels depend on (a marker file in the cache records it)."""
+    `key` names everything the kernels depend on (a marker file in the cache records it).
+
+    The marker lies in the numba folder of `function`'s source folder, as the kernels do: numba names
+    that folder after the source's path, so the kernels another install (another venv) compiled
+    are not taken as this one's."""
     digest = hashlib.sha256(f"{numba.__version__}|{key}".encode()).hexdigest()[:16]
-    marker = f"{name}-{digest}.warm"
+    marker = f"{numba_folder(function.__code__.co_filename)}/{name}-{digest}.warm"
     if not background_allowed() or (cache_dir() / marker).exists():
         return lambda: True
     job = BACKGROUND.submit(Job(function.__module__, function.__name__, args=make_args(), marker=marker))
@@ -371,9 +484,13 @@ def _work() -> int:
         for job in jobs:
             try:
                 job.run()
-            except Exception:  # noqa: BLE001 -- one failed job leaves the rest to run; the log says why
+            except Exception:  # one failed job leaves the rest to run; the log says why
                 log.exception("background compile of %s.%s failed", job.module, job.name)
                 failed += 1
+        try:
+            prune_cache()
+        except Exception:  # housekeeping: the kernels are compiled, so the run still takes them
+            log.exception("pruning the kernel cache failed")
     return 1 if failed else 0
 
 

@@ -205,8 +205,14 @@ def _read_seed(config: Mapping[str, Any]) -> int | None:
 
 
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """softmax(logits / temperature) in float32, summed in order like MNN."""
-    inv_temperature = np.float32(1.0) / np.float32(temperature)
+    """softmax(logits / temperature) in float32, summed in order like MNN. A temperature too small for
+    float32 (1 / temperature not finite) gives the limit: all weight on the first largest logit."""
+    with np.errstate(divide="ignore", over="ignore"):
+        inv_temperature = np.float32(1.0) / np.float32(temperature)
+    if not np.isfinite(inv_temperature):
+        weights = np.zeros(logits.shape, dtype=np.float32)
+        weights[np.argmax(logits)] = 1.0
+        return weights
     with np.errstate(invalid="ignore", over="ignore"):
         weights = np.exp((logits - logits.max()) * inv_temperature, dtype=np.float32)
     return weights * (np.float32(1.0) / _ordered_sum(weights))

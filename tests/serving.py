@@ -50,13 +50,15 @@ def openai_client(client: httpx.Client):
 class ServeProcess:
     """`mnngpu serve` on a free port of 127.0.0.1, as a user runs it."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, model_dir=None):
+        """`model_dir`: the model folder to serve (the fixture model when None)."""
         import openai
 
         from tests.reference_model import CLI_ORACLE_FLAGS, MODEL_DIR
 
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mnngpu", "serve", str(MODEL_DIR), *CLI_ORACLE_FLAGS, "--sampler", "greedy",
+            [sys.executable, "-m", "mnngpu", "serve", str(model_dir or MODEL_DIR), *CLI_ORACLE_FLAGS, "--sampler",
+             "greedy",
              "--port", "0", *extra], stderr=subprocess.PIPE, text=True)
         # stderr is read by a thread, so that every wait on the server has a bound and a hung server
         # fails its test instead of stalling the run

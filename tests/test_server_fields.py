@@ -84,21 +84,21 @@ def test_docs_show_the_same_table():
 
 # A value of each refused field that asks for something the server does not do.
 REFUSED_ASKS = {
-    "best_of": 3, "suffix": " the end", "response_format": {"type": "json_object"},
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
+    "best_of": 3, "suffix": " the end", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high", "verbosity": "low",
     "web_search_options": {}, "moderation": {"model": "m"},
 }
 # A value of each refused field that asks for nothing, so it is accepted.
-REFUSED_NOTHING = {"best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
-                   "functions": [], "function_call": "none", "modalities": ["text"]}
+REFUSED_NOTHING = {"best_of": 1, "suffix": "", "functions": [], "function_call": "none", "modalities": ["text"]}
 INERT_VALUES = {
     "model": "any-other-name", "user": "someone", "safety_identifier": "x", "metadata": {"k": "v"}, "store": True,
     "service_tier": "flex", "prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit"},
-    "prompt_cache_retention": "24h", "parallel_tool_calls": False,
+    "prompt_cache_retention": "24h",
 }
+# Implemented fields whose value here asks for what a reply without them is anyway.
+IMPLEMENTED_NOTHING = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+                       "parallel_tool_calls": False}
 
 
 def call(api, name: str, value, **extra):
@@ -128,9 +128,9 @@ def plain_text(api, endpoint: str) -> str:
     return api.completions.create(**COMPLETION).choices[0].text
 
 
-@pytest.mark.parametrize("name", sorted({**REFUSED_NOTHING, **INERT_VALUES}))
+@pytest.mark.parametrize("name", sorted({**REFUSED_NOTHING, **INERT_VALUES, **IMPLEMENTED_NOTHING}))
 def test_an_inert_field_or_a_refused_one_that_asks_nothing_changes_nothing(api, name):
-    value = {**REFUSED_NOTHING, **INERT_VALUES}[name]
+    value = {**REFUSED_NOTHING, **INERT_VALUES, **IMPLEMENTED_NOTHING}[name]
     for endpoint in FIELDS[name].endpoints:
         if endpoint == CHAT:
             reply = api.chat.completions.create(**CHAT_BODY, extra_body={name: value}).choices[0].message.content
@@ -281,6 +281,8 @@ def test_tokenize_and_detokenize_use_the_models_tokenizer(server):
     assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
     assert client.post("/detokenize", json={"tokens": [-1]}).json()["error"]["param"] == "tokens"
     assert client.post("/tokenize", json={"text": text}).json()["error"]["param"] == "text"
+    both = client.post("/tokenize", json={"prompt": text, "messages": MESSAGES})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "messages"
 
 
 def test_tokenizer_info_gives_the_eos_and_the_chat_template_transformers_renders(server):
@@ -298,9 +300,14 @@ def test_each_measured_row_now_gives_the_right_result(server):
     client, api = server
     assert len(api.chat.completions.create(**CHAT_BODY, logprobs=True, top_logprobs=3).choices[0].logprobs.content[0]
                .top_logprobs) == 3
-    for name in ("response_format", "tools"):
-        with pytest.raises(openai.BadRequestError):
-            call(api, name, REFUSED_ASKS[name])
+    schema = {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": False}
+    json_reply = api.chat.completions.create(**{**CHAT_BODY, "max_tokens": 64}, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}).choices[0].message.content
+    assert list(json.loads(json_reply)) == ["x"] and isinstance(json.loads(json_reply)["x"], bool)
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with pytest.raises(openai.BadRequestError) as no_tools_in_template:   # the fixture's template renders no tools
+        api.chat.completions.create(**CHAT_BODY, tools=[tool])
+    assert no_tools_in_template.value.body["param"] == "tools"
     plain = plain_text(api, CHAT)
     assert api.chat.completions.create(**CHAT_BODY, presence_penalty=1.5).choices[0].message.content != plain
     first = hf_tokenizer().encode(plain).ids[0]

@@ -50,7 +50,7 @@ fi
 
 BUILD="$WORKDIR/build-$BACKEND"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "${LAUNCHER[@]}" "${BACKEND_FLAGS[@]}"
-nice -n 10 cmake --build "$BUILD" -j "$JOBS" --target llama-bench llama-quantize
-echo "built $BUILD/bin/llama-bench and $BUILD/bin/llama-quantize (llama.cpp from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION, $BACKEND)"
+nice -n 10 cmake --build "$BUILD" -j "$JOBS" --target llama-bench llama-quantize llama-server
+echo "built $BUILD/bin/llama-bench, llama-quantize and llama-server (llama.cpp from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION, $BACKEND)"

@@ -5,6 +5,10 @@
 * qwen3_moe_shape (--model qwen3_moe): a Qwen3-MoE in Qwen3-30B-A3B's proportions scaled down so
   that mnngpu and MNN both run it on 2 cores: 12 layers, hidden 1024, 16 heads / 4 KV heads of 64,
   32 experts with top 4 (expert width 512), vocab 32768, tied (~400 MB).
+* qwen3_5_shape (--model qwen3_5): a Qwen3.5 at Qwen2.5-0.5B's width (hidden 896, 24 layers, intermediate
+  4864, vocab 151936, tied): three Gated-DeltaNet layers (7 k heads / 14 v heads of 128, conv kernel 4)
+  for each full-attention layer (14 heads / 2 KV heads of 64, a quarter of the head rotary). The HF
+  model carries a tiny vision tower the exporter needs; the export is used as a text model.
 * qwen3_30b_a3b_shape (--model qwen3_30b_a3b): Qwen3-30B-A3B's full width (48 layers, hidden 2048,
   128 experts, top 8, expert width 768, vocab 151936): about 60 GB of bf16 to build and 16 GB
   exported; for a machine that has them.
@@ -18,6 +22,7 @@ above the tokenizer's range are simply never produced by encoding.
     pip install -e '.[fixtures]'
     python -m tools.make_bench_model                  # about 3-5 minutes, ~3 GB of RAM at peak
     python -m tools.make_bench_model --model qwen3_moe
+    python -m tools.make_bench_model --model qwen3_5
     python -m tools.make_bench_model --out /elsewhere
     python -m tools.make_bench_model --hf-out bench_models/qwen2_5_0_5b_shape_hf   # also keep the HF folder
 
@@ -33,7 +38,15 @@ import time
 from pathlib import Path
 
 from tools import corpus
-from tools.mnn_export import copy_model_files, export_mnn, folder_size, save_hf_tokenizer, train_bpe_tokenizer
+from tools.make_fixtures import QWEN3_5_VISION, VISION_TOKEN_IDS, WITHOUT_VISION, restore_text_keys
+from tools.mnn_export import (
+    copy_model_files,
+    export_mnn,
+    folder_size,
+    save_hf_tokenizer,
+    set_export_settings,
+    train_bpe_tokenizer,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_MODELS = REPO / "bench_models"
@@ -59,10 +72,19 @@ QWEN3_30B_A3B_SHAPE = {
     "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
     "moe_intermediate_size": 768, "intermediate_size": 6144, **QWEN3_MOE_COMMON,
 }
+QWEN3_5_SHAPE = {
+    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 7, "linear_num_value_heads": 14, "full_attention_interval": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                        "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+}
 # --model: (HF model_type, config, HF model class, output folder)
 MODELS = {
     "qwen2_5_0_5b": ("qwen2", QWEN2_5_0_5B_SHAPE, "Qwen2ForCausalLM", DEFAULT_OUT),
     "qwen3_moe": ("qwen3_moe", QWEN3_MOE_SHAPE, "Qwen3MoeForCausalLM", BENCH_MODELS / "qwen3_moe_shape"),
+    "qwen3_5": ("qwen3_5", QWEN3_5_SHAPE, "AutoModelForImageTextToText", BENCH_MODELS / "qwen3_5_shape"),
     "qwen3_30b_a3b": ("qwen3_moe", QWEN3_30B_A3B_SHAPE, "Qwen3MoeForCausalLM", BENCH_MODELS / "qwen3_30b_a3b_shape"),
 }
 
@@ -76,18 +98,26 @@ def build_hf_model(hf_dir: Path, model: str = "qwen2_5_0_5b") -> None:
     save_hf_tokenizer(tok, hf_dir, eos="<|im_end|>", pad="<|endoftext|>")
     eos, pad = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
     family, shape, model_class, _ = MODELS[model]
-    config = transformers.AutoConfig.for_model(family, eos_token_id=eos, bos_token_id=pad, pad_token_id=pad,
-                                               torch_dtype="bfloat16", **shape)
+    ids = {"eos_token_id": eos, "bos_token_id": pad, "pad_token_id": pad}
+    if family == "qwen3_5":
+        config = transformers.AutoConfig.for_model(family, text_config={**shape, **ids}, tie_word_embeddings=True,
+                                                   vision_config={**QWEN3_5_VISION, "out_hidden_size": 896},
+                                                   torch_dtype="bfloat16", **VISION_TOKEN_IDS)
+    else:
+        config = transformers.AutoConfig.for_model(family, torch_dtype="bfloat16", **ids, **shape)
     torch.manual_seed(SEED)
     # Built directly in bf16: an fp32 model would need 2 GB more for nothing.
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        hf_model = getattr(transformers, model_class)(config)
+        model_type = getattr(transformers, model_class)
+        hf_model = model_type.from_config(config) if model_class.startswith("Auto") else model_type(config)
     finally:
         torch.set_default_dtype(previous)
     hf_model.generation_config.eos_token_id = eos
     hf_model.save_pretrained(hf_dir)
+    if family == "qwen3_5":
+        restore_text_keys(hf_dir / "config.json", shape)
 
 
 def main() -> None:
@@ -107,6 +137,8 @@ def main() -> None:
         export_mnn(hf_dir, export_dir, *EXPORT_ARGS)
         print(f"exported in {time.time() - built:.1f} s", flush=True)
         copy_model_files(export_dir, args.out)
+        if MODELS[args.model][0] == "qwen3_5":
+            set_export_settings(args.out, WITHOUT_VISION)
     for path in sorted(args.out.iterdir()):
         print(f"  {path.name:24s} {path.stat().st_size / 1e6:10.2f} MB")
     print(f"wrote {args.out}: {folder_size(args.out) / 1e6:.1f} MB")

@@ -64,7 +64,7 @@ class CPUBackend(Backend):
     type = "cpu"
     # kv_transfer: runtime.kv.read_kv / write_kv over these caches (the prefix cache)
     caps = Capabilities(encoder_attention=True, windowed_convolution=True, kv_int8=True, kv_transfer=True,
-                        host_weights=True)
+                        host_weights=True, batched=True)
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):

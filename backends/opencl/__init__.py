@@ -26,7 +26,6 @@ from mnngpu.backends.opencl.ops.attention import DeviceKVCache
 from mnngpu.backends.opencl.ops.linear import pack_linear
 from mnngpu.backends.opencl.ops.norm import pack_norm
 from mnngpu.errors import ConfigError
-from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime.moe import is_expert_op
 from mnngpu.runtime.planned import PlannedExecution, Recording
@@ -37,8 +36,7 @@ DEFAULT_MAX_TOKENS = 2048
 
 class OpenCLBackend(Backend):
     type = "opencl"
-    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True,
-                        lacking={"LinearAttention": NO_DEVICE_KERNEL})
+    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True, batched=True)
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None, *, variant: str | None = None,
@@ -113,6 +111,13 @@ class OpenCLBackend(Backend):
             self._kv_length = length
 
     # ---- resize: record, then plan the buffers and bind (runtime/planned.py) -------------------
+    def onCreate(self, inputs, outputs, node):
+        if self.batch is not None and node.type == "LinearAttention":
+            # its kernels run one sequence's state (backends/opencl/state.py)
+            raise ConfigError("batching a model with recurrent layers (LinearAttention) is not implemented on "
+                              "the opencl backend; use one slot", field="parallel")
+        return super().onCreate(inputs, outputs, node)
+
     def onResizeBegin(self) -> None:
         self.recording.begin()
 

@@ -58,6 +58,9 @@ class BufferPool:
 def plan(steps: list[PlannedExecution], pool: BufferPool, nbytes_of, make_own, pinned: set[int]) -> None:
     """Give every tensor the executions touch a buffer (`tensor.device`)."""
     found = lifetimes([PlannedStep(s.inputs, s.outputs, s.view_of) for s in steps])
+    # a pinned view pins the buffer it views (the CPU backup's copy out of it reads that buffer)
+    seen = {id(t): t for s in steps for t in (*s.inputs, *s.outputs)}
+    pinned = set(pinned) | {id(found.root_of(seen[k])) for k in pinned if k in seen}
     dies_after = found.dies_after(key for key in found.produced if key not in pinned)
     pooled = {key for keys in dies_after.values() for key in keys}
 

@@ -5,6 +5,12 @@ buffers at the end of that resize and resubmitted every step (program.py). Per s
 embedding rows and positions go up, the kept KV length is written into a small step buffer,
 and the logits come down. Weights stay int4/int8 on the device, the KV cache lives there.
 
+Several sequences (continuous batching): each layer's KV cache is one buffer with a region per
+sequence (ops/attention.py KVPool), so the commands recorded once serve every sequence. A
+sequence takes a slot at its first forward and gives it back when dropped; more sequences than
+slots grow every pool, and the recorded commands are recorded again over the moved buffers. A
+batched decode forward places each row from the rows table.
+
 Storage: activations are float32 at every precision. At precision low or normal, on a device
 with shaderFloat16 and 16-bit storage buffers, the KV cache and unquantized weights are fp16
 (`store_dtype`): that is where the bytes are. fp16 activations were measured to cost the whole
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import weakref
 
 import numpy as np
 
@@ -23,25 +30,24 @@ from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, w
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
-from mnngpu.backends.vulkan.ops.attention import KVCache
+from mnngpu.backends.vulkan.ops.attention import KVCache, KVPool, Slot
 from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
 from mnngpu.errors import ConfigError, ModelFormatError
-from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.moe import is_expert_op
 
 DEFAULT_MAX_TOKENS = 2048
+ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
 VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chosen by device type otherwise
 
 
 class VulkanBackend(Backend):
     type = "vulkan"
     # kv_int8: attention_mode 1 and 2 (ops/attention.py); storage: the KV cache's and dense weights'
-    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True,
-                        lacking={"LinearAttention": NO_DEVICE_KERNEL})
+    caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True, batched=True)
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):
@@ -58,7 +64,15 @@ class VulkanBackend(Backend):
         self.step_arena = MemoryArena(self.device, host_visible=True)
         self.descriptors = DescriptorAllocator(self.device)
         self.command_pool = self.device.create_command_pool()
-        self.step = self._new_buffer(16, np.int32, self.step_arena)   # uint past: the kept KV length
+        self.step = self._new_buffer(16, np.int32, self.step_arena)   # uint past, base: kept KV length, region
+        # a batched forward's (region base, position) per row (shaders/vulkan/kv_place.glsl)
+        self.rows_table_rows = ROWS_TABLE_ROWS
+        self.rows_table = self._new_buffer(ROWS_TABLE_ROWS * 8, np.uint32, self.step_arena)
+        self.kv_pools: dict[int, KVPool] = {}   # layer index -> every sequence's keys and values
+        self.slots = 1                           # sequences each pool has room for
+        self._slots_taken = 0
+        self._free_slots: list[int] = []
+        self._recorded: weakref.WeakSet[Segment] = weakref.WeakSet()   # recorded again when pools grow
         self.placeholder = self._new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
         self._scratch_tensors: dict[int, DeviceTensor] = {}
         self._segments: list[Segment] = []
@@ -92,6 +106,13 @@ class VulkanBackend(Backend):
             pack_norm(self, node)
 
     # ---- resize -------------------------------------------------------------------------------
+    def onCreate(self, inputs, outputs, node):
+        if self.batch is not None and node.type == "LinearAttention":
+            # its state kernels run one sequence's state (backends/vulkan/state.py)
+            raise ConfigError("batching a model with recurrent layers (LinearAttention) is not implemented on "
+                              "the vulkan backend; use one slot", field="parallel")
+        return super().onCreate(inputs, outputs, node)
+
     def declined(self, node, inputs):
         self._close_segment()   # the CPU backup runs this op between two submits
 
@@ -104,6 +125,7 @@ class VulkanBackend(Backend):
                 for tensor in segment.tensors():
                     self._materialize(tensor)
                 segment.record(self.device, self.command_pool, self.descriptors)
+                self._recorded.add(segment)
         self._segments = []
 
     def _record(self, dispatch: Dispatch) -> Segment:
@@ -146,16 +168,60 @@ class VulkanBackend(Backend):
             self._scratch_tensors[nbytes] = DeviceTensor(self.arena, nbytes, np.float32)
         return self._scratch_tensors[nbytes]
 
-    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
-        cache = self.kv_caches.get(layer)
-        if cache is None:
+    def _kv_pool(self, layer: int, kv_heads: int, head_dim: int) -> KVPool:
+        """Layer `layer`'s keys and values of every sequence, made when absent."""
+        pool = self.kv_pools.get(layer)
+        if pool is None:
             int8 = (self.config.kv_quant >= 1, self.config.kv_quant == 2)
             capacity = self.max_tokens + self.config.prefill_len
-            cache = self.kv_caches[layer] = KVCache(self, kv_heads, head_dim, capacity, int8)
+            pool = self.kv_pools[layer] = KVPool(self, kv_heads, head_dim, capacity, int8, self.slots)
+        elif (pool.kv_heads, pool.head_dim) != (kv_heads, head_dim):
+            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
+                                   field="Attention.layer_index")
+        return pool
+
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
+        """The current sequence's cache of `layer`: its slot's region of the layer's pool."""
+        cache = self.kv_caches.get(layer)
+        if cache is None:
+            pool = self._kv_pool(layer, kv_heads, head_dim)
+            slot = next((c.slot for c in self.kv_caches.values()), None) or self._take_slot()
+            cache = self.kv_caches[layer] = KVCache(pool, slot)
         elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
             raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
                                    field="Attention.layer_index")
         return cache
+
+    def _take_slot(self) -> Slot:
+        """A free slot for a sequence's caches, the pools grown where every slot is taken."""
+        if self._free_slots:
+            index = min(self._free_slots)
+            self._free_slots.remove(index)
+        else:
+            index = self._slots_taken
+            if index >= self.slots:
+                self._grow_slots(index + 1)
+            self._slots_taken += 1
+        return Slot(index, self._free_slots)
+
+    def _grow_slots(self, needed: int) -> None:
+        """Room for `needed` sequences in every pool (doubling, up to what one buffer may hold), and
+        the recorded commands recorded again over the moved buffers. No submitted work is pending:
+        submits wait, and the segments due in this forward are recorded again before their submit."""
+        slot_bytes = max((pool.slot_bytes for pool in self.kv_pools.values()), default=1)
+        fits = self.max_binding_bytes // slot_bytes
+        if needed > fits:
+            capacity = self.max_tokens + self.config.prefill_len
+            raise ConfigError(f"{needed} sequences' KV caches of {capacity} tokens each need {needed * slot_bytes} "
+                              f"bytes in one buffer, over this Vulkan device's maxStorageBufferRange "
+                              f"({self.max_binding_bytes}): {fits} fit; run fewer sequences at once (--parallel) "
+                              "or lower max_all_tokens", field="parallel")
+        self.slots = min(max(needed, 2 * self.slots), fits)
+        for pool in self.kv_pools.values():
+            pool.grow(self.slots)
+        for segment in list(self._recorded):
+            if segment.command_buffer is not None:
+                segment.record(self.device, self.command_pool, self.descriptors)
 
     def _kernel_name(self, base: str) -> str:
         """The variant of a kernel that reads store_dtype buffers."""
@@ -179,8 +245,13 @@ class VulkanBackend(Backend):
         if segment not in self._due:
             self._due.append(segment)
 
-    def _set_step(self, past: int) -> None:
-        self.step.write(np.array([past, 0, 0, 0], dtype=np.int32))
+    def _set_step(self, past: int, base: int) -> None:
+        """One sequence's forward: the kept KV length, and its region's first cache row."""
+        self.step.write(np.array([past, base, 0, 0], dtype=np.int32))
+
+    def _set_rows(self, places: np.ndarray) -> None:
+        """A batched forward: each row's (region base, position), uint32 (rows, 2)."""
+        self.rows_table.write_range(places, 0)
 
     def finish(self) -> None:
         due, self._due = self._due, []

@@ -234,3 +234,19 @@ class DeviceTensor:
                 return self.pending.reshape(-1).copy()
             return np.zeros(self.nbytes // self.dtype.itemsize, dtype=self.dtype)
         return self.arena.read(self.buffer, self.nbytes).view(self.dtype)
+
+    def read_range(self, offset: int, nbytes: int) -> np.ndarray:
+        """Elements of `nbytes` bytes from byte `offset`, flat, in the storage dtype."""
+        return self.arena.read(self.materialize(), nbytes, offset).view(self.dtype)
+
+    def write_range(self, values: np.ndarray, offset: int) -> None:
+        """Write `values` (of the storage dtype) from byte `offset` on."""
+        self.arena.write(self.materialize(), np.ascontiguousarray(values, dtype=self.dtype), offset)
+
+    def grow(self, nbytes: int) -> None:
+        """Move into a larger buffer of `nbytes`, the current bytes first (the rest undefined). The
+        old buffer's memory stays with the arena until release; commands that bound it must be
+        recorded again."""
+        old = self.materialize()
+        self.buffer, self.nbytes = self.arena.allocate(nbytes), int(nbytes)
+        self.arena.copy([(old, 0, self.buffer, 0, old.size)])

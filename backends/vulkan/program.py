@@ -84,7 +84,12 @@ class Segment:
         return [t for d in self.dispatches for t in d.bindings]
 
     def record(self, device: VulkanDevice, command_pool, descriptors: DescriptorAllocator) -> None:
+        """Record the dispatches with their tensors' buffers now; again after a buffer moved
+        (DeviceTensor.grow), replacing the command buffer recorded before."""
         vk = device.vk
+        if self.command_buffer is not None:
+            vk.vkFreeCommandBuffers(device.device, command_pool, 1, [self.command_buffer])
+            self.command_buffer = None
         cb = vk.vkAllocateCommandBuffers(device.device, vk.VkCommandBufferAllocateInfo(
             commandPool=command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())

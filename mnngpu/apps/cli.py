@@ -10,6 +10,8 @@ usage mistake), 130 for Ctrl-C, 1 for a bug in mnngpu. Warnings print as one `wa
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import os
 import sys
@@ -20,6 +22,10 @@ from mnngpu.errors import InputError, MnnGpuError
 
 COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff")
 
+# At exit the collector would walk numba's hundreds of thousands of objects again and again as
+# the modules go (up to a second of a short run); frozen, it skips them, and the process ends anyway.
+atexit.register(gc.freeze)
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """A usage mistake becomes an InputError, so it prints as the same one line as any other."""
@@ -28,12 +34,13 @@ class ArgumentParser(argparse.ArgumentParser):
         raise InputError(f"{message} (see {self.prog} --help)", field=self.prog)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of `only`: a run imports no other command's code."""
     parser = ArgumentParser(prog="mnngpu", description="Run MNN-exported LLMs on CPU, OpenCL, Vulkan and CUDA.")
     parser.add_argument("--version", action="version", version=f"mnngpu {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
+    for name in (only,) if only in COMMANDS else COMMANDS:
         try:
             module = importlib.import_module(f"mnngpu.apps.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -53,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             warnings.showwarning = _warning_line
         try:
-            args = build_parser().parse_args(argv)
+            args = build_parser(_command_named(argv)).parse_args(argv)
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
             return code
@@ -72,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             return _fail(f"internal error: {type(exc).__name__}: {exc} (a bug in mnngpu; rerun with --debug "
                          "for the traceback)", 1)
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The command word in argv (the options before it take no values), if any."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _fail(message: str, code: int) -> int:

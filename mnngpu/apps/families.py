@@ -34,14 +34,17 @@ SUPPORTED = {
     "qwen2_audio": "Qwen2-Audio (text and audio input: audio.mnn on whisper log-mel features, as MNN's Omni)",
     # LinearAttention (short_conv) keeps a recurrent state on the CPU: the device backends decline it
     "lfm2": "LFM2 (short-convolution layers with a recurrent state, and attention layers; on the GPU "
-            "backends the convolutions run on the CPU backup; plain decoding only, no prefix cache)",
+            "backends the convolutions run on the CPU backup)",
     # LinearAttention (gated_delta_rule) likewise; the exporter's visual.mnn is not run (text only)
     "qwen3_5": "Qwen3.5 (Gated DeltaNet layers with a recurrent state, and full-attention layers; text "
-               "input; on the GPU backends the DeltaNet layers run on the CPU backup; plain decoding only, "
-               "no prefix cache)",
+               "input; on the GPU backends the DeltaNet layers run on the CPU backup)",
     "qwen3_5_moe": "Qwen3.5 MoE (as Qwen3.5, with routed experts and a gated shared expert)",
     # the ple_embeddings input gets ple_embed_file's rows; the exporter rotates the full layers' partial
     # rotary as the first rotary_dim dims, where HF's proportional rotary pairs dims half a head apart
+    # the exporter writes every layer as full attention with rotary (attention_type full): mnngpu runs
+    # the export as MNN does, which departs from HF's model where those parts act
+    "llama4_text": ("Llama 4 text (dense); the exporter dropped chunked attention, attention temperature "
+                    "tuning and the no-rope layers: every layer runs as full attention with rotary, as in MNN"),
     "gemma4": ("Gemma 4 text (per-layer embeddings, sliding and full layers with their own rotary; "
                "exported with one head width, and with the full layers' partial rotary laid out unlike HF's)"),
 }

@@ -132,19 +132,46 @@ def _model_facts(net: Net, config: LlmConfig, linears: list[QuantizedLinear]) ->
     lm_head = _lm_head(linears)
     heads, head_dim = _attention_heads(net, 0)
     kv_heads, _ = _attention_heads(net, 1)
-    n_attention = sum(op.type == "Attention" for op in net.ops)
-    n_linear = sum(op.type == "LinearAttention" for op in net.ops)
+    kinds = layer_kinds(net)
     return {
         "type": config.get("model_type"),
         "hidden_size": lm_head.ic if lm_head is not None else config.get("hidden_size"),
-        "layers": (n_attention + n_linear) or config.get("layer_nums"),
-        "linear_layers": n_linear,
+        "layers": len(kinds) or config.get("layer_nums"),
+        "linear_layers": sum(kind != ATTENTION for kind in kinds),
+        "layer_kinds": kinds,
         "heads": heads,
         "kv_heads": kv_heads,
         "head_dim": head_dim,
         "vocab": lm_head.oc if lm_head is not None else None,
         "embeddings": _embedding_source(config),
     }
+
+
+ATTENTION = "attention"   # a layer_kinds entry: softmax attention over a KV cache (full or sliding)
+# LinearAttention's modes (mnngpu/ops/linear_attention.py), as the table names them
+LINEAR_KINDS = {"gated_delta_rule": "Gated DeltaNet", "short_conv": "short convolution"}
+
+
+def layer_kinds(net: Net) -> list[str]:
+    """Each decoder layer's token mixer, in graph order: ATTENTION, or a LinearAttention op's
+    attn_type (a layer with a recurrent state instead of a KV cache). The exporter writes one such
+    op per layer, so they count the layers whichever kind they are."""
+    return [ATTENTION if op.type == "Attention" else str(getattr(op.param, "attn_type", None) or "linear attention")
+            for op in net.ops if op.type in ("Attention", "LinearAttention")]
+
+
+def describe_layer_kinds(kinds: list[str]) -> str:
+    """`0-2, 4-6 Gated DeltaNet; 3, 7 attention`: which layers are of which kind."""
+    parts = []
+    for kind in dict.fromkeys(kinds):
+        indices = [i for i, k in enumerate(kinds) if k == kind]
+        runs, start = [], indices[0]
+        for previous, index in zip(indices, [*indices[1:], None]):
+            if index != previous + 1:
+                runs.append(str(start) if start == previous else f"{start}-{previous}")
+                start = index
+        parts.append(f"{', '.join(runs)} {LINEAR_KINDS.get(kind, kind)}")
+    return "; ".join(parts)
 
 
 def _embedding_source(config: LlmConfig) -> str:
@@ -378,7 +405,7 @@ def _model_line(model: dict[str, Any]) -> str:
 
     layers = f"{known(model['layers'])} layers"
     if model["linear_layers"]:
-        layers += f" ({model['linear_layers']} linear-attention, the rest full attention)"
+        layers += f" ({describe_layer_kinds(model['layer_kinds'])})"
     line = (f"{known(model['type'])}: hidden {known(model['hidden_size'])}, {layers}, "
             f"{known(model['heads'])} heads ({known(model['kv_heads'])} kv) of {known(model['head_dim'])}, "
             f"vocab {known(model['vocab'])}")

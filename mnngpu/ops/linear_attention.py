@@ -106,6 +106,33 @@ def state_shapes(param: LinearAttentionParam, kernel: int) -> dict[str, tuple[in
     return shapes
 
 
+# The device kernels' (OpenCL, Vulkan) limits: the convolution's window and a column of a head's
+# state sit in registers.
+DEVICE_MAX_KERNEL = 16
+DEVICE_MAX_HEAD_K_DIM = 256
+
+
+def device_decline(inputs: list[Tensor], node: Node) -> str | None:
+    """Why a device LinearAttention kernel cannot run this node, or None."""
+    param, shape = node.param, inputs[0].shape
+    if not token_rows(shape) and shape[0] != 1:
+        return f"LinearAttention over a batch of {shape[0]} sequences (the device kernels take one)"
+    if inputs[3].host is None:
+        return "a LinearAttention conv_weight computed at run time (the device kernels take a constant)"
+    if inputs[3].shape[2] > DEVICE_MAX_KERNEL:
+        return f"a convolution of {inputs[3].shape[2]} taps (the device kernels hold at most {DEVICE_MAX_KERNEL})"
+    if param.attn_type == GATED_DELTA_RULE and param.head_k_dim > DEVICE_MAX_HEAD_K_DIM:
+        return f"head_k_dim {param.head_k_dim} (the device kernels hold at most {DEVICE_MAX_HEAD_K_DIM})"
+    return None
+
+
+def saves_verify_rows(seq: int, prefill_len: int) -> bool:
+    """Whether a fixed-shape module of `seq` rows may run a verify block (so its layer keeps what
+    rolls the state back): longer than a decode step and shorter than a prefill chunk (any length
+    where no prefill chunk is configured)."""
+    return seq > 1 and (prefill_len == 0 or seq < prefill_len)
+
+
 def _error(node: Node, field: str, expected: str) -> ModelFormatError:
     return ModelFormatError(f"LinearAttention: expected {expected}", field=f"{node.name}.{field}")
 

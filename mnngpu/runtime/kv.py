@@ -21,6 +21,7 @@ reaching further back, a `reserve`) is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -89,8 +90,9 @@ class KVCache(Protocol):
     interface they are float32 (kv_heads, length, head_dim), token 0 first. How many tokens are
     valid is KVMeta's, not the cache's: `read` and `write` take the length.
 
-    Today a cache holds one sequence. Several sequences belong here as well: a sequence axis in
-    front of the layout above. A recurrent layer's state is the sibling protocol, StateCache.
+    A cache holds one sequence; several sequences each have their own (Sequence, below), and a
+    batched forward's Segments say which rows are whose. A recurrent layer's state is the sibling
+    protocol, StateCache.
     """
 
     kv_heads: int
@@ -199,6 +201,59 @@ class HostStateCache:
         self.forget()
 
 
+class Sequence:
+    """One sequence's caches: its KVMeta, and on each backend that holds any for it, its KV caches by
+    layer and its recurrent states by op name. A backend runs one sequence at a time, the one
+    `RuntimeManager.use_sequence` (or, inside a batched forward, `Backend.segments`) put in its
+    `kv_meta`, `kv_caches` and `state_caches`; the rest wait here with what they hold."""
+
+    def __init__(self, meta: KVMeta | None = None):
+        self.meta = meta if meta is not None else KVMeta()
+        self.caches: dict[int, tuple[dict, dict]] = {}   # id(backend) -> (kv_caches, state_caches)
+        self.context = None   # what the engine keeps for the sequence beside its caches (Llm.use_sequence)
+
+    def caches_on(self, backend: Backend) -> tuple[dict, dict]:
+        """This sequence's (kv_caches, state_caches) on `backend`, made empty when absent."""
+        return self.caches.setdefault(id(backend), ({}, {}))
+
+    def nbytes(self) -> int:
+        return sum(cache.nbytes for kv, states in self.caches.values() for cache in (*kv.values(), *states.values()))
+
+
+@dataclass
+class Segment:
+    """Rows [start, start + rows) of a forward that belong to `sequence` (a batched forward runs
+    several sequences' rows together; each segment's Attention and recurrent rows read and write
+    only its own caches)."""
+
+    sequence: Sequence
+    start: int
+    rows: int
+
+
+def enter(backend: Backend, sequence: Sequence) -> None:
+    """Make `backend` run `sequence` from now on: its KVMeta and its caches become the backend's."""
+    backend.kv_meta = sequence.meta
+    backend.kv_caches, backend.state_caches = sequence.caches_on(backend)
+
+
+def segments(backend: Backend, rows: int) -> Iterator[Segment | None]:
+    """The parts of a forward's `rows` rows that belong to one sequence each, for the executions that
+    keep a sequence's caches (Attention, recurrent layers): one None (all rows, the current
+    sequence) outside a batched forward (`backend.batch` None); in one, each Segment with its
+    sequence entered while the caller handles it, and the current sequence entered again after."""
+    if backend.batch is None:
+        yield None
+        return
+    current = backend.kv_meta, backend.kv_caches, backend.state_caches
+    try:
+        for segment in backend.batch:
+            enter(backend, segment.sequence)
+            yield segment
+    finally:
+        backend.kv_meta, backend.kv_caches, backend.state_caches = current
+
+
 class StateRollbackError(MnnGpuError):
     """A forward would drop tokens that a recurrent layer's state has already taken in."""
 
@@ -220,6 +275,19 @@ def state_step(meta: KVMeta | None, layer: str, undoable: int = 0) -> bool:
                                  "recurrent state that has taken them in and cannot be rolled back further than "
                                  f"the rows of the last verify forward ({undoable})", field="kv_meta.remove")
     return True
+
+
+def begin_state_forward(state: StateCache, meta: KVMeta | None, layer: str, rows: int,
+                        take_back: Callable[[int], None]) -> tuple[int, bool]:
+    """What a recurrent layer does before a forward of `rows` rows: start its state over, or first
+    `take_back` the rows KVMeta removes (state_step). Returns the real rows (KVMeta's `add` of
+    them) and whether the forward is a verify block, whose rows the layer keeps to roll it back."""
+    if not state_step(meta, layer, state.undoable):
+        state.reset()
+    elif meta.remove:
+        take_back(meta.remove)
+    real = min(meta.add, rows) if meta is not None else rows
+    return real, meta is not None and meta.verify
 
 
 def cache_nbytes(backend: Backend) -> int:

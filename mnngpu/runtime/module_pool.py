@@ -35,5 +35,13 @@ class ModulePool:
             self.modules[key] = self.modules[(1, False)].clone()
         return self.modules[key]
 
+    def rows(self, count: int) -> NetModule:
+        """The module of a batched decode step of `count` rows (one per sequence), every row's
+        logits: one clone per count, so each keeps its resized pipeline."""
+        key = (count, True)
+        if key not in self.modules:
+            self.modules[key] = self.modules[(1, False)].clone()
+        return self.modules[key]
+
     def verify(self) -> NetModule:
         return self.modules[(self.verify_length, True)]

@@ -7,6 +7,7 @@ Attention executions share, and a CPU backup backend for ops a device backend la
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, create_backend
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
-from mnngpu.runtime.kv import KVMeta, cache_nbytes
+from mnngpu.runtime.kv import KVMeta, Segment, Sequence, enter
 from mnngpu.runtime.module_pool import PREFILL_LEN
 from mnngpu.runtime.placement import PlacementTable
 
@@ -28,7 +29,7 @@ class ScheduleConfig:
 class RuntimeManager:
     def __init__(self, schedule: ScheduleConfig):
         self.schedule = schedule
-        self.kv_meta = KVMeta()
+        self.sequence = Sequence(KVMeta())   # the one the backends run now (use_sequence)
         self.placements = PlacementTable(schedule.backend_type)   # every resize's node -> backend
         self._backend: Backend | None = None
         self._cpu_backup: Backend | None = None
@@ -44,12 +45,48 @@ class RuntimeManager:
         return manager
 
     @property
+    def kv_meta(self) -> KVMeta:
+        """The current sequence's KVMeta, shared with the Attention executions."""
+        return self.sequence.meta
+
+    def new_sequence(self) -> Sequence:
+        """An empty sequence with caches of its own, beside the current one (use_sequence runs it)."""
+        return Sequence(KVMeta(attn_scale=self.kv_meta.attn_scale))
+
+    def use_sequence(self, sequence: Sequence) -> None:
+        """Run `sequence` from now on, on the backend and its CPU backup; the others keep their caches."""
+        self.sequence = sequence
+        for backend in self._backends():
+            enter(backend, sequence)
+
+    @contextlib.contextmanager
+    def batched(self, segments: list[Segment]):
+        """A forward whose rows belong to several sequences, `segments` saying whose (runtime.kv.segments)."""
+        backends = self._backends()
+        for backend in backends:
+            backend.batch = segments
+        try:
+            yield
+        finally:
+            for backend in backends:
+                backend.batch = None
+
+    def _backends(self) -> list[Backend]:
+        return list({id(b): b for b in (self._backend, self._cpu_backup) if b is not None}.values())
+
+    @property
+    def caps(self):
+        """The backend's Capabilities (without creating it)."""
+        return backend_class(self.schedule.backend_type).caps
+
+    @property
     def fixed_shape(self) -> bool:
-        return backend_class(self.schedule.backend_type).caps.fixed_shape
+        return self.caps.fixed_shape
 
     def backend(self) -> Backend:
         if self._backend is None:
             self._backend = create_backend(self.schedule.backend_type, self.schedule.backend_config, self.kv_meta)
+            enter(self._backend, self.sequence)
         return self._backend
 
     def cpu_backup(self) -> Backend:
@@ -60,13 +97,13 @@ class RuntimeManager:
             # the device backend reads its tensors mid-run: no two of them may share memory
             config = dataclasses.replace(self.schedule.backend_config, keep_tensors=True)
             self._cpu_backup = create_backend("cpu", config, self.kv_meta)
+            enter(self._cpu_backup, self.sequence)
         return self._cpu_backup
 
     def cache_bytes(self) -> int:
         """Bytes the sequence holds: every KV cache and recurrent state, on the backend and on the CPU
         backup where one was made (it keeps the states of the layers it runs)."""
-        backends = {id(b): b for b in (self._backend, self._cpu_backup) if b is not None}
-        return sum(cache_nbytes(backend) for backend in backends.values())
+        return self.sequence.nbytes()
 
     def describe(self) -> str:
         """The backend and its device, e.g. "vulkan on llvmpipe (CPU)"."""

@@ -126,7 +126,8 @@ __kernel void attention_rows(ATTENTION_ARGS) {
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1)))
 void attention_group(ATTENTION_ARGS) {
     __local float scores[ATT_WG];
-    const int h = get_group_id(0), s = get_group_id(1), lane = get_local_id(0);
+    // the row from the global id: a batched forward launches one sequence's rows at a global offset
+    const int h = get_group_id(0), s = get_global_id(1), lane = get_local_id(0);
     const int g = h / (heads / kv_heads);
     const int visible = kv_length[0] + s + 1;
     const int first = window > 0 ? max(0, visible - window) : 0;

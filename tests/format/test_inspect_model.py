@@ -19,8 +19,15 @@ from tests.format.format_truth import (
     reference,
 )
 
-# HF's layer_types of a hybrid model: the layers that keep a recurrent state instead of a KV cache
-RECURRENT_LAYER_TYPES = ("conv", "linear_attention")
+# HF's layer_types of a hybrid model: the layers that keep a recurrent state instead of a KV cache,
+# and the LinearAttention mode the exporter writes for each
+RECURRENT_LAYER_TYPES = {"conv": "short_conv", "linear_attention": "gated_delta_rule"}
+
+
+def hf_layer_kinds(hf: dict) -> list[str]:
+    """What inspect should name each layer: its LinearAttention mode, else attention (full or sliding)."""
+    types = hf.get("layer_types") or ["full_attention"] * hf["num_hidden_layers"]
+    return [RECURRENT_LAYER_TYPES.get(kind, "attention") for kind in types]
 
 
 def export_arg(args: list[str], flag: str, default):
@@ -41,6 +48,7 @@ def test_inspect_reports_the_source_model(name):
     assert info["model"] == {
         "type": family(hf), "hidden_size": hf["hidden_size"], "layers": hf["num_hidden_layers"],
         "linear_layers": sum(kind in RECURRENT_LAYER_TYPES for kind in hf.get("layer_types") or []),
+        "layer_kinds": hf_layer_kinds(hf),
         "heads": heads, "kv_heads": hf["num_key_value_heads"],
         "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads, "vocab": hf["vocab_size"],
         "embeddings": info["model"]["embeddings"],
@@ -76,3 +84,13 @@ def test_config_path_works_like_the_folder_and_the_table_shows_the_facts():
     for fact in (f"hidden {model['hidden_size']}", f"vocab {model['vocab']}", "llm.mnn.weight",
                  f"{info['n_ops']} ops", "Convolution"):
         assert fact in text
+
+
+@needs_fixtures
+@pytest.mark.parametrize(("name", "layers", "named"), [
+    ("qwen3_5_int4_b64", ["linear_attention"] * 3 + ["full_attention"], "4 layers (0-2 Gated DeltaNet; 3 attention)"),
+    ("lfm2_int4_b64", ["conv", "full_attention", "conv"], "3 layers (0, 2 short convolution; 1 attention)"),
+])
+def test_the_table_names_the_linear_and_the_attention_layers(name, layers, named):
+    assert hf_config(name)["layer_types"] == layers   # what the fixture was made with (tools/make_fixtures.py)
+    assert named in format_inspect_table(inspect_model(fixture_dir(name)))

@@ -133,3 +133,16 @@ def test_a_config_value_load_rejects_is_listed_by_inspect_not_raised(tmp_path, c
     lines = capsys.readouterr().out.splitlines()
     config_rows = [line for line in lines if line.startswith("config")]
     assert len(config_rows) == 1 and 'attention_mask: "glm" is not supported' in config_rows[0]
+
+
+def test_llama4_text_is_supported_with_one_line_on_what_its_export_dropped(tmp_path):
+    """llmexport writes Llama 4 text with every layer full attention with rotary (attention_type
+    full): the family runs as MNN runs it, and inspect says which parts of the model are not in it."""
+    folder = tmp_path / "model"
+    write_model(folder, "llama4_text", attention_type="full")
+    info = inspect_model(folder)
+    assert info["family"]["supported"] and info["family"]["model_type"] == "llama4_text"
+    rows = [line for line in format_inspect_table(info).splitlines() if line.startswith("family")]
+    assert len(rows) == 1 and "llama4_text: supported" in rows[0]
+    for dropped in ("chunked attention", "attention temperature", "no-rope layers"):
+        assert dropped in rows[0]

@@ -20,7 +20,7 @@ from mnngpu.backends.cpu.kernels import fastmath
 from mnngpu.backends.cpu.kernels.intrinsics import ROW_CHUNK, key_scores, weighted_rows
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves, segments
 
 # Query positions per prefill score tile: a tile's scores (32 queries x 7 heads of a KV head x
 # 512 keys) stay in a 1 MB L2 between the two multiplies and the softmax; 128 did not, and took
@@ -306,7 +306,7 @@ def causal_softmax(scores, rows_per_query, first_visible, window):
 def attend_rows_numpy(q, keys, key_scale, values, value_scale, past, window, scale, scores, out):
     group = q.shape[1] // keys.shape[0]
     for r in range(q.shape[0]):
-        span = slice(_first_key(past + r, window), past + r + 1)
+        span = slice(_first_key.py_func(past + r, window), past + r + 1)
         k = np.repeat(keys[:, span] * key_scale[:, span, None], group, axis=0)      # (heads, keys, dim)
         v = np.repeat(values[:, span] * value_scale[:, span, None], group, axis=0)
         s = np.einsum("hd,htd->ht", q[r], k) * np.float32(scale)
@@ -372,27 +372,44 @@ class CPUAttention(CPUExecution):
         self.scores = None
 
     def onExecute(self, inputs, outputs):  # noqa: N802
+        for segment in segments(self.backend, self.seq):   # a batched forward: each sequence's rows with its cache
+            if segment is None:
+                self._attend(0, self.seq)
+            else:
+                self._attend(segment.start, segment.rows)
+
+    def _attend(self, start: int, rows: int) -> None:
+        """Rows [start, start + rows) of q, k and v: one sequence's, into its cache (the backend's now)."""
         cache = self._cache()
         meta = self.backend.kv_meta
         past = meta.previous - meta.remove
         if meta.reserve:
             past = cache.apply_reserve(past, meta.reserve)
-        cache.ensure(past + self.seq)
-        cache.store(past, self.k_new, self.v_new)
-        if self.seq <= ROWS_KERNEL_MAX:
-            if self.scores is None or self.scores.shape[2] < past + self.seq:   # grown with the cache only
-                shape = (self.seq, self.heads, cache.k.shape[1])
-                self.scores = self.backend._scratch("attention_scores", shape)
+        cache.ensure(past + rows)
+        span = slice(start, start + rows)
+        cache.store(past, self.k_new[:, span], self.v_new[:, span])
+        q, out = self.q[span], self.out[span]
+        if rows <= ROWS_KERNEL_MAX:
             key_scale, value_scale = cache.scales()
-            args = (self.q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale, self.scores,
-                    self.out)
+            args = (q, cache.k, key_scale, cache.v, value_scale, past, self.window, self.scale,
+                    self._scores(rows, cache.k.shape[1], past), out)
             if self.attend_rows is None:   # the same argument types every step
                 vector_rows = not cache.quantized and self.dim % ROW_CHUNK == 0
                 self.attend_rows = jit.runnable(attend_rows_float if vector_rows else attend_rows, args)
             self.attend_rows(*args)
         else:
-            keys, values = cache.floats(past + self.seq)
-            attend(self.q, keys, values, past, self.scale, self.out, self.backend._parallel, self.window)
+            keys, values = cache.floats(past + rows)
+            attend(q, keys, values, past, self.scale, out, self.backend._parallel, self.window)
+
+    def _scores(self, rows: int, capacity: int, past: int) -> np.ndarray:
+        """attend_rows' work space for `rows` rows over a cache of `capacity` tokens: kept between
+        steps (a new one only as the cache grows), except in a batched forward's segments."""
+        scores = self.scores
+        if scores is None or scores.shape[0] != rows or scores.shape[2] < past + rows:
+            scores = self.backend._scratch("attention_scores", (rows, self.heads, capacity))
+            if rows == self.seq:
+                self.scores = scores
+        return scores
 
     def _cache(self) -> KVCache:
         return self.backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)

@@ -2,10 +2,13 @@
 gated delta rule (Qwen3.5), with each layer's state kept in the backend's `state_caches` (a
 runtime.kv.HostStateCache).
 
-A forward takes its rows all at once: the convolution is `kernel` shifted multiply-adds over the
-rows (no loop over tokens), and the delta rule runs in chunks of CHUNK tokens (`delta_rule_chunk`:
-a few matrix products and one triangular solve per chunk, all heads together). On a fixed-shape
-backend's padded prefill chunk only the first KVMeta.add rows are real; only they enter the state.
+A forward takes its rows all at once: the short convolution is `kernel` shifted multiply-adds over
+the rows (no loop over tokens); the delta rule runs in backends/cpu/kernels/linear_attention.py's
+kernels, the tokens looped in compiled code, a v head per thread. On a fixed-shape backend's
+padded prefill chunk only the first KVMeta.add rows are real; only they enter the state.
+
+`_run_sequence(state, meta, start, rows)` is one sequence's part of a forward: its rows, its KVMeta
+and its state. onExecute runs it once over all rows with the backend's own.
 
 Rollback (runtime.kv.state_step): in a forward KVMeta marks `verify`, the state cache keeps the
 state from before it and the forward's real input rows. When the next forward removes r of its n
@@ -18,11 +21,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu import jit
+from mnngpu.backends.cpu.kernels.linear_attention import (
+    CHUNK,
+    conv_silu_rows,
+    delta_rule_rows,
+    delta_rule_rows_serial,
+)
 from mnngpu.backends.cpu.ops.base import CPUExecution
-from mnngpu.ops.linear_attention import GATED_DELTA_RULE, L2_EPSILON, state_shapes, token_rows
-from mnngpu.runtime.kv import HostStateCache, state_step
+from mnngpu.ops.linear_attention import GATED_DELTA_RULE, state_shapes, token_rows
+from mnngpu.runtime.kv import HostStateCache, KVMeta, segments, state_step
 
-CHUNK = 64   # tokens of the delta rule solved together: the triangular solve grows as CHUNK ** 2
+SERIAL_ROWS = 4   # up to this many rows (decode, a short verify block) the delta rule runs on one thread
+
+__all__ = ["CHUNK", "CPULinearAttention", "gated_delta_rule", "short_conv"]
 
 
 def causal_conv(padded: np.ndarray, weight: np.ndarray, seq: int) -> np.ndarray:
@@ -52,93 +64,28 @@ def short_conv(qkv: np.ndarray, weight: np.ndarray, conv_state: np.ndarray, rows
     conv_state[...] = padded[:, rows: rows + history]
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return x / (np.float32(1.0) + np.exp(-x))
-
-
-def delta_rule_chunk(q: np.ndarray, k: np.ndarray, v: np.ndarray, gate: np.ndarray, beta: np.ndarray,
-                     state: np.ndarray) -> np.ndarray:
-    """The gated delta rule over n tokens at once, per head: q, k (heads, n, head_k_dim), v (heads, n,
-    head_v_dim), gate and beta (heads, n); state (heads, head_k_dim, head_v_dim) advanced in place.
-    Returns (heads, n, head_v_dim).
-
-    With G the running sum of the gates, token t's delta depends on the earlier deltas through
-    A[t, i] = beta_t exp(G_t - G_i) k_t . k_i (i < t), so (I + A) delta = beta (v - exp(G) k S0):
-    one unit lower triangular solve. Then out = exp(G) q S0 + (exp(G_t - G_i) q_t . k_i, i <= t) delta,
-    and S = exp(G_n) S0 + sum_i exp(G_n - G_i) k_i delta_i^T."""
-    n = q.shape[1]
-    total = np.cumsum(gate, axis=1)                                      # G (heads, n)
-    lower = np.tril(np.ones((n, n), dtype=bool))
-    spread = np.where(lower, total[:, :, None] - total[:, None, :], -np.inf)
-    decay = np.exp(spread)                                               # exp(G_t - G_i), 0 above the diagonal
-    keys = k @ k.transpose(0, 2, 1)
-    strict = decay * keys * beta[:, :, None]
-    strict[:, np.arange(n), np.arange(n)] = 0.0
-    grown = np.exp(total)[:, :, None]
-    target = beta[:, :, None] * (v - grown * (k @ state))
-    deltas = np.linalg.solve(strict + np.eye(n, dtype=q.dtype), target)
-    out = grown * (q @ state) + (decay * (q @ k.transpose(0, 2, 1))) @ deltas
-    tail = np.exp(total[:, -1:] - total)[:, :, None]                     # exp(G_n - G_i)
-    state *= np.exp(total[:, -1])[:, None, None]
-    state += (k * tail).transpose(0, 2, 1) @ deltas
-    return out
-
-
-def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, gate: np.ndarray, beta: np.ndarray,
-               state: np.ndarray) -> np.ndarray:
-    """delta_rule_chunk over any number of tokens, CHUNK at a time (shapes as there)."""
-    n = q.shape[1]
-    if n == 1:
-        return delta_rule_step(q[:, 0], k[:, 0], v[:, 0], gate[:, 0], beta[:, 0], state)[:, None]
-    return np.concatenate([delta_rule_chunk(q[:, s: s + CHUNK], k[:, s: s + CHUNK], v[:, s: s + CHUNK],
-                                            gate[:, s: s + CHUNK], beta[:, s: s + CHUNK], state)
-                           for s in range(0, n, CHUNK)], axis=1)
-
-
-def delta_rule_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, gate: np.ndarray, beta: np.ndarray,
-                    state: np.ndarray) -> np.ndarray:
-    """One token (a decode step): q, k (heads, head_k_dim), v (heads, head_v_dim), gate and beta
-    (heads,); returns (heads, head_v_dim)."""
-    state *= np.exp(gate)[:, None, None]
-    delta = beta[:, None] * (v - np.einsum("hkv,hk->hv", state, k))
-    state += k[:, :, None] * delta[:, None, :]
-    return np.einsum("hkv,hk->hv", state, q)
-
-
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    """x divided by the square root of its last axis' sum of squares plus L2_EPSILON."""
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + np.float32(L2_EPSILON))
-
-
 def gated_delta_rule(qkv: np.ndarray, weight: np.ndarray, gate: np.ndarray, beta: np.ndarray,
                      parts: dict[str, np.ndarray], param, rows: int, out: np.ndarray) -> None:
     """Qwen3.5's Gated DeltaNet core over one sequence: qkv (channels, seq) holds q, k and v before
-    the SiLU'd causal convolution; gate and beta (seq, num_v_heads); parts the layer's "conv" and
-    "recurrent" state, advanced by the first `rows` tokens; out (seq, num_v_heads * head_v_dim)."""
-    conv_state, seq = parts["conv"], qkv.shape[1]
-    history = conv_state.shape[1]
-    padded = np.concatenate([conv_state, qkv], axis=1)
-    mixed = silu(causal_conv(padded, weight, seq))
-    conv_state[...] = padded[:, rows: rows + history]
-    out[rows:] = 0.0
-    if rows == 0:
-        return
-    group = param.num_v_heads // param.num_k_heads
-    keys = param.num_k_heads * param.head_k_dim
+    the SiLU'd causal convolution; weight (channels, kernel); gate and beta (seq, num_v_heads);
+    parts the layer's "conv" and "recurrent" state, advanced by the first `rows` tokens; out (seq,
+    num_v_heads * head_v_dim), zero past `rows`."""
+    seq, channels = qkv.shape[1], qkv.shape[0]
+    work = (np.empty((weight.shape[1] - 1 + seq, channels), np.float32), np.empty((seq, channels), np.float32))
+    delta_rule_layer(qkv.T, np.ascontiguousarray(weight.T), gate, beta, parts, param, rows, out, work)
 
-    def heads(block: np.ndarray, count: int) -> np.ndarray:   # (channels, rows) -> (heads, rows, dim)
-        return np.ascontiguousarray(block[:, :rows].reshape(count, -1, rows).transpose(0, 2, 1))
 
-    q = np.repeat(heads(mixed[:keys], param.num_k_heads), group, axis=0)
-    k = np.repeat(heads(mixed[keys: 2 * keys], param.num_k_heads), group, axis=0)
-    v = heads(mixed[2 * keys:], param.num_v_heads)
-    if param.use_qk_l2norm:
-        q, k = unit_rows(q), unit_rows(k)
-    q *= np.float32(1.0 / np.sqrt(param.head_k_dim))
-    result = delta_rule(q, k, v, np.ascontiguousarray(gate[:rows].T), np.ascontiguousarray(beta[:rows].T),
-                        parts["recurrent"])
-    out[:rows] = result.transpose(1, 0, 2).reshape(rows, -1)
+def delta_rule_layer(qkv_rows: np.ndarray, weight_taps: np.ndarray, gate: np.ndarray, beta: np.ndarray,
+                     parts: dict[str, np.ndarray], param, rows: int, out: np.ndarray,
+                     work: tuple[np.ndarray, np.ndarray]) -> None:
+    """gated_delta_rule over token rows: qkv_rows (seq, channels), weight_taps (kernel, channels);
+    work the convolution's padded input (kernel - 1 + seq, channels) and its output (seq, channels)."""
+    padded, mixed = work
+    conv_args = (qkv_rows, weight_taps, parts["conv"], rows, padded, mixed)
+    jit.runnable(conv_silu_rows, conv_args)(*conv_args)
+    rule_args = (mixed, gate, beta, parts["recurrent"], param.num_k_heads, bool(param.use_qk_l2norm), rows, out)
+    kernel = delta_rule_rows_serial if rows <= SERIAL_ROWS else delta_rule_rows
+    jit.runnable(kernel, rule_args)(*rule_args)
 
 
 class CPULinearAttention(CPUExecution):
@@ -161,33 +108,46 @@ class CPULinearAttention(CPUExecution):
         qkv = self.value(self.inputs[0])
         self.qkv = qkv.reshape(self.seq, self.channels).T if self.rows_first else qkv.reshape(self.channels, self.seq)
         self.weight = np.ascontiguousarray(self.value(self.inputs[3]), dtype=np.float32).reshape(-1, self.kernel)
+        self.weight_taps = np.ascontiguousarray(self.weight.T)
         self.out = self.outputs[0].device.reshape(self.seq, -1)
         self.gate = self.beta = None   # the short convolution reads neither
         if self.delta_rule:
             self.gate = self.value(self.inputs[1]).reshape(self.seq, -1)
             self.beta = self.value(self.inputs[2]).reshape(self.seq, -1)
 
-    def onExecute(self, inputs, outputs):  # noqa: N802
-        meta = self.backend.kv_meta
-        state = self.backend._state_cache(self.node.name, self.shapes)
+    def onExecute(self, inputs, outputs):
+        for segment in segments(self.backend, self.seq):   # a batched forward: each sequence's rows with its state
+            start, rows = (0, self.seq) if segment is None else (segment.start, segment.rows)
+            state = self.backend._state_cache(self.node.name, self.shapes)
+            self._run_sequence(state, self.backend.kv_meta, start, rows)
+
+    def _run_sequence(self, state: HostStateCache, meta: KVMeta | None, start: int, rows: int) -> None:
+        """One sequence's rows start..start + rows of this forward, with its KVMeta and its state:
+        the state starts over, or first takes back the rows meta removes; then the rows (the first
+        meta.add of them real) advance it, kept for a rollback in a verify forward."""
         if not state_step(meta, self.node.name, state.undoable):
             state.reset()
         elif meta.remove:
             self._take_back(state, meta.remove)
-        rows = min(meta.add, self.seq) if meta is not None else self.seq
-        real = (self.qkv[:, :rows], self.gate[:rows], self.beta[:rows]) if self.delta_rule else (self.qkv[:, :rows],)
+        span = slice(start, start + rows)
+        qkv, out = self.qkv[:, span], self.out[span]
+        gate, beta = (self.gate[span], self.beta[span]) if self.delta_rule else (None, None)
+        real = min(meta.add, rows) if meta is not None else rows
         if meta is not None and meta.verify:
-            state.remember(real)
+            state.remember((qkv[:, :real], gate[:real], beta[:real]) if self.delta_rule else (qkv[:, :real],))
         else:
             state.forget()
-        self._advance(state, self.qkv, self.gate, self.beta, rows, self.out)
+        self._advance(state, qkv, gate, beta, real, out)
 
     def _advance(self, state: HostStateCache, qkv, gate, beta, rows: int, out: np.ndarray) -> None:
         """Run the layer over qkv's columns (the first `rows` real), advancing `state`; into out."""
+        seq = qkv.shape[1]
         if self.delta_rule:
-            gated_delta_rule(qkv, self.weight, gate, beta, state.parts, self.node.param, rows, out)
+            work = (self.backend._scratch("delta_rule_padded", (self.kernel - 1 + seq, qkv.shape[0])),
+                    self.backend._scratch("delta_rule_mixed", (seq, qkv.shape[0])))
+            delta_rule_layer(qkv.T, self.weight_taps, gate, beta, state.parts, self.node.param, rows, out, work)
             return
-        padded = self.backend._scratch("short_conv", (self.weight.shape[0], self.kernel - 1 + qkv.shape[1]))
+        padded = self.backend._scratch("short_conv", (self.weight.shape[0], self.kernel - 1 + seq))
         short_conv(qkv, self.weight, state.parts["conv"], rows, out, padded)
 
     def _take_back(self, state: HostStateCache, dropped: int) -> None:

@@ -4,6 +4,7 @@ fused node types (runtime/fusion.py): listing them opts this backend into those 
 from mnngpu.backends.opencl.ops.attention import AttentionOp
 from mnngpu.backends.opencl.ops.elementwise import BinaryExecution, CastExecution, UnaryExecution
 from mnngpu.backends.opencl.ops.linear import LinearExecution
+from mnngpu.backends.opencl.ops.linear_attention import LinearAttentionExecution
 from mnngpu.backends.opencl.ops.movement import ConcatExecution, GatherCopyExecution, ViewExecution
 from mnngpu.backends.opencl.ops.norm import LayerNormExecution
 from mnngpu.backends.opencl.ops.rope import RoPEExecution
@@ -30,6 +31,7 @@ EXECUTIONS = {
     "LayerNorm": LayerNormExecution,
     "Convolution": LinearExecution,
     "Attention": AttentionOp,
+    "LinearAttention": LinearAttentionExecution,
     ROPE: RoPEExecution,
     "Softmax": SoftmaxExecution,
     "TopKV2": TopKExecution,

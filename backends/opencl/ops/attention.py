@@ -8,16 +8,25 @@ v (the same values seq-major, any shape), mask (the kernels mask causally; the m
 a key window, for a sliding layer: runtime.attention_mask). An Attention op with kv_cache false
 (a vision encoder's) is EncoderAttentionExecution: no cache, every query over every key, the
 mask input added to the scores.
+
+Several sequences: each has its own caches (`kv_caches`), and the kernels are bound to the current
+sequence's before they run (`_bind_cache`). A batched forward (rows of several sequences,
+continuous batching) launches the kernels once per sequence's rows, at a global offset, with the
+kept length written as `past - first row` so that the kernels' row index lands on the sequence's
+positions; rows no sequence holds are not launched (they store nothing).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.backends.opencl.ops.base import FLAT_GROUP, KernelExecution, Launch
+from mnngpu.errors import MnnGpuError
 from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
+from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves, segments
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
@@ -128,7 +137,8 @@ class AttentionExecution(KernelExecution):
         _, seq, heads, dim = inputs[0].shape
         kv_heads = inputs[1].shape[2]
         backend = self.backend
-        self.seq = seq
+        self.seq, self.kv_heads, self.dim = seq, kv_heads, dim
+        self.batched = backend.batch is not None   # a batched decode module: launched per sequence
         self.cache = backend.kv_cache(self.node.param.layer_index, kv_heads, dim)
         scale = attention_scale(self.node.param.attnScale, dim, self.backend.kv_meta)
         cache, kv_length = self.cache, backend.kv_length_buffer
@@ -139,10 +149,12 @@ class AttentionExecution(KernelExecution):
             self.append = self.prepare("attention.cl", "kv_append_int8",
                                        [*append_args, np.int32(rows), cache.k_scale, cache.v_scale], (rows,),
                                        defines=defines)
+            self.append_row = kv_heads   # work-items per row
         else:
             n = seq * kv_heads * dim
             self.append = self.prepare("attention.cl", "kv_append", [*append_args, np.int32(n)], (n,),
                                        defines=defines)
+            self.append_row = kv_heads * dim
         args = [outputs[0], inputs[0], cache.k, cache.v, kv_length, np.int32(seq),
                 np.int32(heads), np.int32(kv_heads), np.int32(cache.capacity), np.float32(scale),
                 cache.k_scale, cache.v_scale, np.int32(key_window(inputs[3]) if len(inputs) > 3 else 0)]
@@ -166,13 +178,41 @@ class AttentionExecution(KernelExecution):
         self.bound_version = cache.version
 
     def onExecute(self, inputs, outputs):
-        meta = self.backend.kv_meta
-        past = self.cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
-        self.cache.ensure(past + self.seq)
-        if self.cache.version != self.bound_version:
+        if not self.batched:
+            if self.backend.batch is not None:
+                raise MnnGpuError("an OpenCL module prepared for one sequence ran a batched forward")
+            self._prepare_sequence(self.seq)
+            super().onExecute(inputs, outputs)
+            return
+        for segment in segments(self.backend, self.seq):
+            start, rows = (0, self.seq) if segment is None else (segment.start, segment.rows)
+            self._prepare_sequence(rows, start)
+            self._launch_rows(start, rows)
+
+    def _prepare_sequence(self, rows: int, start: int = 0) -> None:
+        """Bind the current sequence's cache, apply its KVMeta, and write its kept length, less the
+        first row `start` (the kernels add the row index, counted from the forward's first row)."""
+        backend = self.backend
+        cache = backend.kv_cache(self.node.param.layer_index, self.kv_heads, self.dim)
+        meta = backend.kv_meta
+        past = cache.apply_reserve(meta.previous - meta.remove, meta.reserve)
+        cache.ensure(past + rows)
+        if cache is not self.cache or cache.version != self.bound_version:
+            self.cache = cache
             self._bind_cache()
-        self.backend._set_kv_length(past)
-        super().onExecute(inputs, outputs)
+        backend._set_kv_length(past - start)
+
+    def _launch_rows(self, start: int, rows: int) -> None:
+        """The kernels over rows [start, start + rows) only, at a global offset (no rounding up,
+        which would run into the next sequence's rows)."""
+        queue = self.backend.queue
+        append: Launch = self.append
+        group = (math.gcd(self.append_row, FLAT_GROUP[0]),)   # one size for every launch: one PoCL compile
+        cl.enqueue_nd_range_kernel(queue, append.kernel, (rows * self.append_row,), group,
+                                   global_work_offset=(start * self.append_row,))
+        attend: Launch = self.attend
+        cl.enqueue_nd_range_kernel(queue, attend.kernel, (attend.global_size[0], rows), attend.local_size,
+                                   global_work_offset=(0, start))
 
 
 class EncoderAttentionExecution(KernelExecution):

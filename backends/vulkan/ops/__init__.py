@@ -5,6 +5,7 @@ into those rewrites."""
 from mnngpu.backends.vulkan.ops.attention import AttentionOp
 from mnngpu.backends.vulkan.ops.elementwise import VulkanBinary, VulkanCast, VulkanUnary
 from mnngpu.backends.vulkan.ops.linear import VulkanLinear
+from mnngpu.backends.vulkan.ops.linear_attention import VulkanLinearAttention
 from mnngpu.backends.vulkan.ops.movement import VulkanConcat, VulkanGather, VulkanStridedSlice, VulkanView
 from mnngpu.backends.vulkan.ops.norm import VulkanLayerNorm
 from mnngpu.backends.vulkan.ops.rope import VulkanRoPE
@@ -21,6 +22,7 @@ EXECUTIONS = {
     ROPE: VulkanRoPE,
     "LayerNorm": VulkanLayerNorm,
     "Attention": AttentionOp,
+    "LinearAttention": VulkanLinearAttention,
     "BinaryOp": VulkanBinary,
     "UnaryOp": VulkanUnary,
     "Cast": VulkanCast,

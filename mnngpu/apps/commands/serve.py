@@ -25,7 +25,7 @@ def _port(text: str) -> int:
     return port
 
 
-def _positive(field: str):
+def positive(field: str):
     def parse(text: str) -> int:
         value = _int(text, field)
         if value < 1:
@@ -42,19 +42,25 @@ def _int(text: str, field: str) -> int:
 
 
 def register(subparsers) -> None:
-    from mnngpu.apps.server.engine import DEFAULT_MAX_QUEUE
-    from mnngpu.apps.server.protocol import DEFAULT_MAX_BODY_BYTES
+    try:
+        from mnngpu.apps.server.engine import DEFAULT_MAX_QUEUE
+        from mnngpu.apps.server.protocol import DEFAULT_MAX_BODY_BYTES
+    except ImportError:   # without mnngpu[serve]: `mnngpu --help` still lists serve; run() says what to install
+        DEFAULT_MAX_QUEUE = DEFAULT_MAX_BODY_BYTES = None
 
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=_port, default=8000, help="default: %(default)s; 0 picks a free port")
     parser.add_argument("--model-name", help="the model id clients see (default: the model folder's name)")
-    parser.add_argument("--max-body-bytes", type=_positive("--max-body-bytes"), default=DEFAULT_MAX_BODY_BYTES,
+    parser.add_argument("--max-body-bytes", type=positive("--max-body-bytes"), default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (default: %(default)s)")
-    parser.add_argument("--max-queue", type=_positive("--max-queue"), default=DEFAULT_MAX_QUEUE,
+    parser.add_argument("--max-queue", type=positive("--max-queue"), default=DEFAULT_MAX_QUEUE,
                         help="requests that may wait behind the running one before new ones get 503 "
                              "(default: %(default)s)")
+    parser.add_argument("--parallel", "-np", type=positive("--parallel"), default=None,
+                        help="slots: requests generated at once, their decode rows batched in one forward "
+                             "(default: 4 where the model and backend batch, else 1)")
     parser.add_argument("--quiet", action="store_true", help="no access or error lines")
     parser.set_defaults(func=run)
 
@@ -73,7 +79,7 @@ def run(args) -> int:
     listener = bind(args.host, args.port)
     try:
         slot = ModelSlot()
-        _configure_logs(args.quiet)
+        configure_logs(args.quiet)
         config = uvicorn.Config(create_app(slot, args.max_body_bytes), log_level="warning", access_log=False,
                                 log_config=None)
         server = GracefulServer(config, slot)
@@ -99,6 +105,7 @@ class ModelLoad(threading.Thread):
     def run(self) -> None:
         from mnngpu import jit
         from mnngpu.apps.server.engine import ServedModel
+        from mnngpu.generation.batch import default_slots
 
         args = self.args
         try:
@@ -106,15 +113,17 @@ class ModelLoad(threading.Thread):
             jit.hold_notices(False)   # from now on a notice is a line of the server's log as it happens
             base_dir = model.config.base_dir
             served = ServedModel(model, args.model_name or base_dir.name, args.max_queue,
-                                 created=int(base_dir.stat().st_mtime), show_special=args.show_special)
+                                 created=int(base_dir.stat().st_mtime), show_special=args.show_special,
+                                 parallel=args.parallel or default_slots(model))
         except BaseException as exc:  # noqa: BLE001 (raised again on the main thread, once the server stopped)
             self.failure = exc
             self.server.should_exit = True
             return
         self.slot.ready(served)
         host, port = self.address
-        print(f"serving {served.name} on http://{_url_host(host)}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr,
-              flush=True)
+        slots = f"{served.parallel} slot{'s' if served.parallel > 1 else ''}"
+        print(f"serving {served.name} on http://{url_host(host)}:{port}/v1 with {slots} (Ctrl-C to stop)",
+              file=sys.stderr, flush=True)
 
     def raise_failure(self) -> None:
         """The load's error, if it failed, raised on the calling thread."""
@@ -122,11 +131,11 @@ class ModelLoad(threading.Thread):
             raise self.failure
 
 
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _configure_logs(quiet: bool) -> None:
+def configure_logs(quiet: bool) -> None:
     from uvicorn.logging import DefaultFormatter
 
     handler = logging.StreamHandler(sys.stderr)

@@ -10,12 +10,13 @@ endpoints an operator or an evaluation harness uses.
     GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template
     GET  /metrics               Prometheus's text format: requests, tokens, queue, KV cache, latencies
 
-A streamed reply is a server-sent event per piece of text, then `data: [DONE]`. Request
-bodies larger than `max_body_bytes` get 413; any refused request gets a 4xx with an
-OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a streamed request is
-checked before its stream starts, so it gets its 4xx status too. Every request makes one
-access line (logger "mnngpu.access") and is counted in /metrics once its status is sent, every
-failure makes an error line (logger "mnngpu.server").
+Chat requests may ask for structured output (`response_format`, run by structured.py) and offer
+tools (tool_calls.py). A streamed reply is a server-sent event per piece of text (or of a tool
+call), then `data: [DONE]`. Request bodies larger than `max_body_bytes` get 413; any refused
+request gets a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a
+streamed request is checked before its stream starts, so it gets its 4xx status too. Every
+request makes one access line (logger "mnngpu.access") and is counted in /metrics once its
+status is sent, every failure makes an error line (logger "mnngpu.server").
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class OpenAiApi:
     async def chat_completions(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
         parsed.messages = for_template(parsed.messages, self.served.chat_template())
-        prompt = self.served.chat_prompt(parsed.messages)
+        prompt = self.served.chat_prompt(parsed.messages, parsed)
         return await self._generate(request, parsed, [prompt], chat=True)
 
     async def completions(self, request: Request) -> Response:
@@ -181,7 +182,7 @@ class OpenAiApi:
     async def _generate(self, request: Request, parsed: GenerationRequest, prompts: list, chat: bool) -> Response:
         served = self.served
         job = served.new_job(prompts, parsed)
-        shape = ResponseShape(chat, served.name, served.llm.tokenizer, parsed.logprobs is not None)
+        shape = ResponseShape(chat, served.name, served.llm.tokenizer, parsed.logprobs is not None, parsed.tools)
         if parsed.stream:
             return self._stream(request.scope, job, shape)
         result = await self._result_unless_gone(request, job)
@@ -234,7 +235,8 @@ async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, futu
             opened.add(piece.index)
             yield _event(shape.first_chunk(piece.index))
         finished.update([piece.index] if piece.finish_reason else [])
-        yield _event(shape.chunk(piece))
+        if (chunk := shape.chunk(piece)) is not None:
+            yield _event(chunk)
     try:
         result = future.result()
     except ApiError as exc:

@@ -1,14 +1,17 @@
-"""ServedModel: one loaded Llm behind a queue, so requests take turns with its KV cache.
+"""ServedModel: one loaded Llm serving many requests at once, each choice in a slot of its own.
 
-Every request becomes a Job that runs on the one worker thread, in arrival order: each of its
-prompts, n times, one choice after another (choice.py). Before a choice runs, the KV cache is
-either cleared or, with `reuse_kv`, kept because the new prompt starts with exactly the text the
-cache holds (see mnngpu/apps/chat.py). Each job gets a fresh sampler built from the model's
-config and the request's settings, so no setting or random state carries over to the next
-request. A job whose client went away is cancelled: it stops after the current token, or never
-starts if it was still waiting. `max_queue` bounds the jobs waiting behind the running one; once
-the server is stopping, new jobs are refused. Its counts for GET /metrics are in `metrics`
-(metrics.py): every job's usage, and the time of each token its sampler gives.
+The model holds `parallel` slots (apps/server/slots.py), sequences of the Llm that one Batch
+(mnngpu/generation/batch.py) decodes together, every weight read once per step for all of
+them. Every request becomes a Job; each of its prompts, n times, is a choice (choice.py) that
+runs on a worker thread while it holds a slot, so n > 1 runs as n sequences. Before a choice
+runs, its slot's KV cache is either cleared or, with `reuse_kv`, kept because the new prompt
+starts with exactly the text the slot holds (see mnngpu/apps/chat.py); a request is given such a
+slot where one is free. Each choice gets a fresh sampler built from the model's config and the
+request's settings, so no setting or random state carries over to another request. A job whose
+client went away is cancelled: its choices stop after the current token, freeing their slots, or
+never start if they were still waiting. `max_queue` bounds the jobs waiting for a slot; once the
+server is stopping, new jobs are refused. Its counts for GET /metrics are in `metrics`
+(metrics.py): every job's usage, and the time of each token its samplers give.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from copy import deepcopy
 from dataclasses import dataclass, field
 
-from mnngpu.apps.chat import PromptCache
 from mnngpu.apps.server.choice import Choice, ChoiceRun, Piece
 from mnngpu.apps.server.logprobs import RequestSampler
 from mnngpu.apps.server.metrics import ModelMetrics
@@ -31,7 +34,9 @@ from mnngpu.apps.server.protocol import (
     is_token_ids,
     sampler_overrides,
 )
+from mnngpu.apps.server.slots import Slots
 from mnngpu.errors import InputError, MnnGpuError
+from mnngpu.generation.batch import Batch
 from mnngpu.sampler import Sampler
 
 DEFAULT_MAX_QUEUE = 32
@@ -48,7 +53,7 @@ class Result:
         return self.choices[0].text
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     prompts: list[PromptInput]
     request: GenerationRequest
@@ -73,7 +78,7 @@ class ServedStats:
 
 class ServedModel:
     def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE, created: int = 0,
-                 show_special: bool = False):
+                 show_special: bool = False, parallel: int = 1):
         if max_queue < 1:
             raise InputError(f"expected at least 1, got {max_queue}", field="max_queue")
         self.llm = llm
@@ -81,31 +86,56 @@ class ServedModel:
         self.created = created  # the model's time, as the model list shows it
         self.max_queue = max_queue
         self.show_special = show_special
-        self.cache = PromptCache(llm)
+        self.batch = Batch(llm, parallel)
+        self.batch.warm()
+        self.slots = Slots.of(self.batch)
+        self.cache = self.slots.all[0].cache   # the chat markup (stop ids, turn openings) every slot shares
         self.stats = ServedStats()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mnngpu-generate")
+        self._workers = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="mnngpu-choice")
+        self._stepper = threading.Thread(target=self.batch.serve, name="mnngpu-batch", daemon=True)
+        self._stepper.start()
         self._lock = threading.Lock()
-        self._waiting = 0
-        self._running: Job | None = None
+        self._jobs: dict[Job, bool] = {}   # every job not done -> whether a choice of it has started
         self._stopping = False
         self.metrics = ModelMetrics(self)
 
     @property
+    def parallel(self) -> int:
+        return self.batch.slots
+
+    @property
     def waiting(self) -> int:
-        """Jobs in the queue, not started yet."""
-        return self._waiting
+        """Jobs in the queue, none of their choices started yet."""
+        return sum(not started for started in list(self._jobs.values()))
 
     @property
     def running(self) -> int:
-        """Jobs being generated: 0 or 1."""
-        return int(self._running is not None)
+        """Jobs being generated."""
+        return sum(started for started in list(self._jobs.values()))
+
+    def kv_tokens(self) -> int:
+        """Tokens every slot's KV cache holds."""
+        return sum(sequence.meta.previous for sequence in self.batch.sequences)
+
+    def kv_capacity(self) -> int:
+        """Tokens the slots' caches have room for now (a slot's: its least roomy layer's, on the backend)."""
+        backend = self.llm.runtime.backend()
+        return sum(min((cache.capacity for cache in sequence.caches_on(backend)[0].values()), default=0)
+                   for sequence in list(self.batch.sequences))
 
     # ---- called from the server's event loop --------------------------------------------------------
-    def chat_prompt(self, messages: list[dict]) -> str:
+    def chat_prompt(self, messages: list[dict], request: GenerationRequest | None = None) -> str:
+        """The chat's prompt text; the request's tools (unless tool_choice is "none") reach the chat
+        template as its `tools`, as transformers passes them."""
+        tools = None if request is None else request.tools
+        rendered = None if tools is None else tools.in_prompt
         try:
-            return self.llm.apply_chat_template(messages)
+            if rendered is None:
+                return self.llm.apply_chat_template(messages)
+            tools.check_template(self.chat_template())
+            return self.llm.prompt.apply_chat_template(messages, tools=rendered)
         except MnnGpuError as exc:
-            raise ApiError(400, str(exc), param="messages") from None
+            raise ApiError(400, str(exc), param="tools" if exc.field == "tools" else "messages") from None
 
     def new_job(self, prompts: PromptInput | list[PromptInput], request: GenerationRequest) -> Job:
         """A job with its own sampler. A bad sampler setting, token id or logit_bias, or a prompt
@@ -119,6 +149,8 @@ class ServedModel:
             if request.audios and not self.llm.config.get("is_audio"):
                 raise InputError("this model reads no audio (is_audio is false)", field="messages")
             counts = [self._prompt_tokens(prompt, request) for prompt in prompts]
+            grammar = None if request.grammar is None else request.grammar.compile(self.llm.tokenizer,
+                                                                                   self.cache.markup.stop_ids)
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
         self._check_token_ids(request.logit_bias, "logit_bias")
@@ -130,7 +162,7 @@ class ServedModel:
                                code="context_length_exceeded")
         top = request.logprobs
         return Job(prompts, request, RequestSampler(sampler, request.logit_bias, request.presence_penalty,
-                                                    request.frequency_penalty, top))
+                                                    request.frequency_penalty, top, grammar))
 
     def _prompt_tokens(self, prompt: PromptInput, request: GenerationRequest) -> int:
         if isinstance(prompt, str):
@@ -160,74 +192,109 @@ class ServedModel:
         with self._lock:
             if self._stopping:
                 raise ApiError(503, "the server is shutting down", kind="server_error", code="server_stopping")
-            if self._waiting >= self.max_queue:
-                raise ApiError(503, f"{self._waiting} requests are already waiting; try again later",
+            if self.waiting >= self.max_queue:
+                raise ApiError(503, f"{self.waiting} requests are already waiting; try again later",
                                kind="server_error", code="server_busy")
-            self._waiting += 1
-        future = self._worker.submit(self._run, job)
-        future.add_done_callback(self._dropped_unstarted)
-        return future
+            self._jobs[job] = False
+        run = _JobRun(self, job)
+        for number, prompt in enumerate(job.prompts):
+            for index in range(number * job.request.n, (number + 1) * job.request.n):
+                self._workers.submit(run.choice, prompt, index)
+        return run.future
 
     def stop(self) -> None:
-        """Refuse new jobs; the running one ends after its current token, the waiting ones never start."""
+        """Refuse new jobs; the running ones end after their current token, the waiting ones never start."""
         with self._lock:
             self._stopping = True
-        running = self._running
-        if running is not None:
-            running.cancel()
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()
 
     def close(self) -> None:
-        """Stop, and wait for the worker to end."""
+        """Stop, and wait for the workers and the batch to end."""
         self.stop()
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        self.batch.close()
+        self._stepper.join()
 
-    def _dropped_unstarted(self, future: Future) -> None:
-        if future.cancelled():
-            self._left_waiting()
-
-    def _left_waiting(self) -> None:
+    # ---- on a worker thread ----------------------------------------------------------------------------
+    def _run_choice(self, job: Job, prompt: PromptInput, index: int) -> Choice:
         with self._lock:
-            self._waiting -= 1
-
-    # ---- on the worker thread ------------------------------------------------------------------------
-    def _run(self, job: Job) -> Result:
-        self._left_waiting()
+            self._jobs[job] = True
         if job.cancelled.is_set() or self._stopping:
-            return self._record(Result([Choice(0, "", "cancelled", None, Usage(0, 0))], Usage(0, 0)))
-        run = ChoiceRun(self.llm, self.cache, job.request, job.sampler, self.show_special,
-                        lambda: job.cancelled.is_set() or self._stopping, job.on_text)
-        choices: list[Choice] = []
-        clock = self.metrics.token_clock(job.sampler, job.arrived)
-        self.llm.sampler = clock
-        self._running = job
+            if job.on_text is not None:
+                job.on_text(Piece(index, finish_reason="cancelled"))
+            return Choice(index, "", "cancelled", None, Usage(0, 0))
+        slot = self.slots.take(prompt if isinstance(prompt, str) and self.llm.config.reuse_kv else None)
         try:
+            sampler = job.sampler if index == 0 else _choice_sampler(job.sampler, index)
+            clock = self.metrics.token_clock(sampler, job.arrived)
+            clock.first_seen = index != 0   # the request's time to first token is its first choice's
+            slot.view.sampler = clock
+            run = ChoiceRun(slot.view, slot.cache, job.request, sampler, self.show_special,
+                            lambda: job.cancelled.is_set() or self._stopping, job.on_text)
             with self.llm.media_sources(job.request.media):
-                for number, prompt in enumerate(job.prompts):
-                    for index in range(number * job.request.n, (number + 1) * job.request.n):
-                        clock.next_choice()
-                        choices.append(self._choice(run, prompt, index))
+                return run.run(prompt, index)
         except MnnGpuError as exc:
             code = "context_length_exceeded" if exc.field == "max_all_tokens" else None
             param = job.request.prompt_param if exc.field == "input_ids" else exc.field
             raise ApiError(400, str(exc), param=param, code=code) from None
         finally:
-            self._running = None
-        return self._record(Result(choices, _total_usage(choices, job.request.n)))
+            self.slots.give(slot)
 
-    def _choice(self, run: ChoiceRun, prompt: PromptInput, index: int) -> Choice:
-        if run.should_stop():
-            run.send(Piece(index, finish_reason="cancelled"))
-            return Choice(index, "", "cancelled", None, Usage(0, 0))
-        return run.run(prompt, index)
-
-    def _record(self, result: Result) -> Result:
-        self.metrics.record_usage(result.usage)
+    def _done(self, job: Job, result: Result | None) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+        if result is not None:
+            self.metrics.record_usage(result.usage)
         with self.stats.done:
             self.stats.finished += 1
-            self.stats.cancelled += any(choice.finish_reason == "cancelled" for choice in result.choices)
-            self.stats.completion_tokens += result.usage.completion_tokens
+            if result is not None:
+                self.stats.cancelled += any(choice.finish_reason == "cancelled" for choice in result.choices)
+                self.stats.completion_tokens += result.usage.completion_tokens
             self.stats.done.notify_all()
-        return result
+
+
+class _JobRun:
+    """A job's choices as they finish on the workers; `future` gets the Result after the last, or
+    the first error (the other choices are cancelled then)."""
+
+    def __init__(self, served: ServedModel, job: Job):
+        self.served, self.job = served, job
+        self.future: Future = Future()
+        self.choices: dict[int, Choice] = {}
+        self.expected = len(job.prompts) * job.request.n
+        self.lock = threading.Lock()
+
+    def choice(self, prompt: PromptInput, index: int) -> None:
+        try:
+            choice = self.served._run_choice(self.job, prompt, index)
+        except BaseException as exc:   # the request's future raises it on the event loop
+            self.job.cancel()
+            with self.lock:
+                first = not self.future.done()
+                if first:
+                    self.future.set_exception(exc)
+            if first:
+                self.served._done(self.job, None)
+            return
+        with self.lock:
+            self.choices[index] = choice
+            if len(self.choices) < self.expected or self.future.done():
+                return
+            choices = [self.choices[i] for i in sorted(self.choices)]
+            result = Result(choices, _total_usage(choices, self.job.request.n))
+        self.served._done(self.job, result)
+        self.future.set_result(result)
+
+
+def _choice_sampler(sampler: RequestSampler, index: int) -> RequestSampler:
+    """Choice `index`'s own copy of a request's sampler: its counts, grammar and random stream (from
+    the seed plus `index` when the request is seeded, so the n choices differ and repeat)."""
+    copy = deepcopy(sampler)
+    seed = copy.sampler.settings.seed
+    copy.sampler.reset(None if seed is None else seed + index)
+    return copy
 
 
 def _total_usage(choices: list[Choice], n: int) -> Usage:

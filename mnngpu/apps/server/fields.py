@@ -79,13 +79,17 @@ FIELDS: dict[str, Field] = {
     "best_of": _refused("no best-of search; only 1",
                         lambda value: value is None or value == 1, (COMPLETIONS,)),
     "suffix": _refused("no text insertion; only null or \"\"", _one_of(None, ""), (COMPLETIONS,)),
-    "response_format": _refused("no structured output yet; only {\"type\": \"text\"}",
-                                lambda value: value is None or value == {"type": "text"}),
-    "tools": _refused("no tool calls yet; only an empty list", _one_of(None, [])),
-    "tool_choice": _refused("no tool calls yet; only \"none\"", _one_of(None, "none")),
+    "response_format": _implemented("text; json_object; json_schema (name, schema, strict, description: the schema "
+                                    "is always enforced); extensions {type: grammar, grammar: LARK} and {type: regex, "
+                                    "regex: PATTERN}. A grammar masks every token (see Structured output)", (CHAT,)),
+    "tools": _implemented("function tools, rendered by the model's chat template as its `tools`; the calls the "
+                          "reply writes in the Hermes format come back as tool_calls (see Tool calls)", (CHAT,)),
+    "tool_choice": _implemented("none (tools left out of the prompt), auto, required, or a named function; "
+                                "required and a named function are enforced by a grammar", (CHAT,)),
     "functions": _refused("no function calls (the older tools); only an empty list", _one_of(None, [])),
     "function_call": _refused("no function calls (the older tool_choice); only \"none\"", _one_of(None, "none")),
-    "parallel_tool_calls": _inert("no tool calls are made", (CHAT,)),
+    "parallel_tool_calls": _implemented("true (default): several calls in one reply; false: at most one (with "
+                                        "auto, calls after the first are dropped)", (CHAT,)),
     "audio": _refused("no audio replies"),
     "modalities": _refused("text replies only: only [\"text\"]", lambda value: value is None or value == ["text"]),
     "prediction": _refused("no predicted outputs"),

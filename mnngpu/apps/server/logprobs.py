@@ -5,8 +5,9 @@ before any sampler step (logit_bias, penalties, temperature, top-p ...), so it i
 number. The prompt's tokens get theirs from one forward with every row's logits (echo); the
 first prompt token has none (null), since nothing comes before it.
 
-    RequestSampler   OpenAI's logit_bias and penalties in front of the model's sampler; records
-                     each sampled token's log-probability when the request asks for them
+    RequestSampler   OpenAI's logit_bias and penalties, and the request's grammar (structured.py),
+                     in front of the model's sampler; records each sampled token's
+                     log-probability when the request asks for them
     chat_logprobs    {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}
     legacy_logprobs  {tokens, token_logprobs, top_logprobs, text_offset} (completions)
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mnngpu.apps.server.structured import Grammar
 from mnngpu.sampler import Sampler, openai_adjusted
 
 
@@ -63,29 +65,48 @@ def prompt_logprobs(rows: np.ndarray, ids: Sequence[int], top: int) -> list[Toke
 
 class RequestSampler:
     """What Llm.generate samples with for one request: OpenAI's logit_bias, presence_penalty and
-    frequency_penalty (mnngpu.sampler.openai_adjusted) applied, then the model's sampler.
-    With `top` not None, each sampled token's log-probability and `top` alternatives are kept in
-    `recorded`, from the logits before any adjustment. start_choice() begins a new reply; the
-    random stream goes on, so n choices of one seeded request differ and repeat."""
+    frequency_penalty (mnngpu.sampler.openai_adjusted) applied, the tokens the request's grammar
+    forbids masked, then the model's sampler. With `top` not None, each sampled token's
+    log-probability and `top` alternatives are kept in `recorded`, from the logits before any
+    adjustment. start_choice() begins a new reply; the random stream goes on, so n choices of one
+    seeded request differ and repeat. All of a reply's state is here, so each sequence of a batch
+    is constrained by its own sampler."""
 
     def __init__(self, sampler: Sampler, logit_bias: dict[int, float], presence: float, frequency: float,
-                 top: int | None):
+                 top: int | None, grammar: Grammar | None = None):
         self.sampler = sampler
         self.logit_bias, self.presence, self.frequency, self.top = logit_bias, presence, frequency, top
+        self.grammar = grammar
         self.start_choice()
 
     def start_choice(self) -> None:
         self.generated: Counter[int] = Counter()
         self.recorded: list[TokenLogprob] = []
+        if self.grammar is not None:
+            self.grammar.reset()
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        adjusted = logits
-        if self.logit_bias or self.presence or self.frequency:
-            adjusted = openai_adjusted(logits, self.logit_bias, self.generated, self.presence, self.frequency)
-        token = int(self.sampler.sample(adjusted, history))
+        if self.grammar is not None and self.grammar.finished:
+            token = self.grammar.end_token   # the grammar is complete: nothing but the end may follow
+        else:
+            token = self._sample(logits, history)
         if self.top is not None:
             self.recorded.append(position_logprob(logits, token, self.top))
         self.generated[token] += 1
+        return token
+
+    def _sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        adjusted = logits
+        if self.logit_bias or self.presence or self.frequency:
+            adjusted = openai_adjusted(logits, self.logit_bias, self.generated, self.presence, self.frequency)
+        if self.grammar is None:
+            return int(self.sampler.sample(adjusted, history))
+        adjusted = self.grammar.mask(adjusted)
+        token = int(self.sampler.sample(adjusted, history))
+        if not self.grammar.allows(token):
+            # a sampler step's float rounding can land on a masked candidate: take the likeliest allowed one
+            token = int(np.argmax(adjusted))
+        self.grammar.advance(token)
         return token
 
 

@@ -90,26 +90,27 @@ class TokenClock:
 
 
 class ServedGauges(Collector):
-    """The queue, the running request and the KV cache of a ServedModel, read when scraped."""
+    """The queue, the running requests, the slots and the KV caches of a ServedModel, read when scraped."""
 
     def __init__(self, served):
         self.served = served
 
     def collect(self) -> Iterator[Metric]:
         served = self.served
-        yield _gauge("mnngpu_requests_waiting", "Requests queued behind the running one", served.waiting)
+        yield _gauge("mnngpu_requests_waiting", "Requests queued for a slot", served.waiting)
         yield _gauge("mnngpu_requests_running", "Requests being generated", served.running)
-        runtime, limit = served.llm.runtime, served.llm.config.max_all_tokens
-        backend = runtime.backend()
-        held = runtime.kv_meta.previous
-        capacities = [cache.capacity for cache in list(backend.kv_caches.values())]
-        yield _gauge("mnngpu_kv_cache_tokens", "Tokens the KV cache holds", held)
-        yield _gauge("mnngpu_kv_cache_capacity_tokens", "Tokens the backend's KV caches have room for now",
-                     min(capacities, default=0))
-        yield _gauge("mnngpu_kv_cache_max_tokens", "max_all_tokens: the most tokens a sequence may hold", limit)
-        yield _gauge("mnngpu_kv_cache_usage_ratio", "Tokens held / max_all_tokens", held / limit)
-        yield _gauge("mnngpu_kv_cache_bytes", "Bytes of the KV caches and recurrent states (backend and CPU "
-                     "backup)", runtime.cache_bytes())
+        yield _gauge("mnngpu_slots", "Sequences the server generates at once (--parallel)", served.parallel)
+        yield _gauge("mnngpu_slots_busy", "Slots a request holds now", served.slots.busy)
+        limit = served.llm.config.max_all_tokens
+        held, room = served.kv_tokens(), limit * served.parallel
+        yield _gauge("mnngpu_kv_cache_tokens", "Tokens the slots' KV caches hold", held)
+        yield _gauge("mnngpu_kv_cache_capacity_tokens", "Tokens the slots' KV caches have room for now",
+                     served.kv_capacity())
+        yield _gauge("mnngpu_kv_cache_max_tokens", "max_all_tokens times the slots: the most tokens the KV caches "
+                     "may hold", room)
+        yield _gauge("mnngpu_kv_cache_usage_ratio", "Tokens held / the most they may hold", held / room)
+        yield _gauge("mnngpu_kv_cache_bytes", "Bytes of the slots' KV caches and recurrent states (backend and "
+                     "CPU backup)", served.batch.cache_bytes())
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnngpu.apps.server.fields import CHAT, COMPLETIONS, STREAM_OPTIONS, refused_field
+from mnngpu.apps.server.structured import GrammarSpec, response_format_spec
+from mnngpu.apps.server.tool_calls import ToolRequest, parse_tool_request
+from mnngpu.errors import InputError
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
@@ -67,6 +70,8 @@ class GenerationRequest:
     prompts: list[PromptInput] = field(default_factory=list)  # completions
     images: dict[str, bytes] = field(default_factory=dict)  # <img>NAME</img> in messages -> the image's bytes
     audios: dict[str, bytes] = field(default_factory=dict)  # <audio>NAME</audio> in messages -> the WAV's bytes
+    grammar: GrammarSpec | None = None   # what every reply must follow (response_format, or a required tool call)
+    tools: ToolRequest | None = None     # chat: the tools offered, and tool_choice
 
     @property
     def media(self) -> dict[str, bytes]:
@@ -85,12 +90,28 @@ def parse_chat_request(body: dict) -> GenerationRequest:
         raise ApiError(400, "expected 'messages' to be a non-empty list of {role, content} objects",
                        param="messages")
     request.messages = [_parse_message(m, f"messages[{i}]", request) for i, m in enumerate(messages)]
+    _parse_output_shape(body, request)
     top = _optional_int(body.get("top_logprobs"), "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     if _bool(body.get("logprobs", False), "logprobs"):
         request.logprobs = top or 0
     elif top is not None:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return request
+
+
+def _parse_output_shape(body: dict, request: GenerationRequest) -> None:
+    """response_format and the tool fields: the grammar a reply follows and the calls it may hold."""
+    try:
+        request.grammar = response_format_spec(body.get("response_format"))
+        request.tools = parse_tool_request(body.get("tools"), body.get("tool_choice"),
+                                           body.get("parallel_tool_calls"))
+    except InputError as exc:
+        raise ApiError(400, str(exc), param=exc.field) from None
+    if request.tools is not None and request.tools.in_prompt is not None:
+        if request.grammar is not None:
+            raise ApiError(400, "a response_format other than text cannot be combined with tools (use "
+                                "tool_choice \"none\", or leave the tools out)", param="response_format")
+        request.grammar = request.tools.grammar()
 
 
 def parse_completion_request(body: dict) -> GenerationRequest:
@@ -133,19 +154,21 @@ def _parse_common(body: dict, endpoint: str) -> GenerationRequest:
     refused = refused_field(body, endpoint)
     if refused is not None:
         raise ApiError(400, refused[1], param=refused[0], code=refused[2])
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    low = 0 if endpoint == COMPLETIONS else 1
+    max_tokens = _optional_int(body.get("max_tokens"), "max_tokens", low=low)
+    max_completion_tokens = _optional_int(body.get("max_completion_tokens"), "max_completion_tokens", low=low)
     return GenerationRequest(
-        max_tokens=_optional_int(max_tokens, "max_tokens", low=0 if endpoint == COMPLETIONS else 1),
+        max_tokens=max_tokens if max_completion_tokens is None else max_completion_tokens,
         temperature=_optional_number(body.get("temperature"), "temperature", low=0.0, high=2.0),
         top_p=_optional_number(body.get("top_p"), "top_p", low=0.0, high=1.0, low_open=True),
         seed=_optional_int(body.get("seed"), "seed", low=0),
         stop=_parse_stop(body.get("stop")),
         stream=_bool(body.get("stream", False), "stream"),
-        include_usage=_include_usage(body.get("stream_options") or {}),
+        include_usage=_include_usage(body.get("stream_options", {})),
         n=_optional_int(body.get("n"), "n", low=1, high=MAX_CHOICES) or 1,
         presence_penalty=_optional_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=_optional_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0) or 0.0,
-        logit_bias=_parse_logit_bias(body.get("logit_bias") or {}),
+        logit_bias=_parse_logit_bias(body.get("logit_bias", {})),
     )
 
 
@@ -164,7 +187,7 @@ def _parse_logit_bias(bias: Any) -> dict[int, float]:
         raise ApiError(400, "expected 'logit_bias' to be an object of token id -> bias", param="logit_bias")
     parsed = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise ApiError(400, f"expected token ids as keys, got {key!r}", param="logit_bias")
         parsed[int(key)] = _optional_number(value, f"logit_bias.{key}", -100.0, 100.0)
     return parsed
@@ -199,6 +222,11 @@ def _message_text(content: Any, param: str, request: GenerationRequest) -> str:
     if not isinstance(content, str):
         raise ApiError(400, "expected 'content' to be a string or a list of text, image_url and input_audio parts",
                        param=f"{param}.content")
+    try:
+        content.encode()
+    except UnicodeEncodeError:   # a lone surrogate, as a JSON "\ud800" escape gives
+        raise ApiError(400, "the text is not valid Unicode (it holds a lone surrogate)",
+                       param=f"{param}.content") from None
     return content
 
 

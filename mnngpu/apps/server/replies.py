@@ -1,6 +1,8 @@
 """The JSON that goes back: a reply's body, and a stream's chunks, in OpenAI's shapes.
 
-Chat choices carry `message` (or `delta`) and, when asked, `logprobs: {"content": [...]}`;
+Chat choices carry `message` (or `delta`) and, when asked, `logprobs: {"content": [...]}`; when
+the request offers tools, the calls a reply holds come back as `tool_calls` (and its finish_reason
+is "tool_calls"), streamed as OpenAI streams them: a call's id and name first, then its arguments;
 completions choices carry `text` and the legacy `logprobs` object (text offsets counted from
 the start of the choice's text, the echoed prompt included).
 """
@@ -14,13 +16,16 @@ from typing import Any
 from mnngpu.apps.server.choice import Choice, Piece
 from mnngpu.apps.server.logprobs import TokenLogprob, chat_logprobs, legacy_logprobs
 from mnngpu.apps.server.protocol import Usage
+from mnngpu.apps.server.tool_calls import Deltas, ToolCallParser, ToolRequest
 
 
 class ResponseShape:
     """The ids, object names and choice layout of one endpoint's replies and stream chunks."""
 
-    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False):
+    def __init__(self, chat: bool, model: str, tokenizer, logprobs: bool = False, tools: ToolRequest | None = None):
         self.chat = chat
+        self.tools = tools if tools is not None and tools.in_prompt is not None else None
+        self._parsers: dict[int, ToolCallParser] = {}   # a stream's, per choice
         self.model = model
         self.tokenizer = tokenizer
         self.logprobs = logprobs   # whether the request asked for them (a choice then always has the object)
@@ -40,8 +45,9 @@ class ResponseShape:
         bodies = []
         for choice in choices:
             if self.chat:
-                body = {"index": choice.index, "message": {"role": "assistant", "content": choice.text},
-                        "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason}
+                message, finish = self._message(choice)
+                body = {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+                        "finish_reason": finish}
             else:
                 body = {"index": choice.index, "text": choice.text, "logprobs": self._logprobs(choice.logprobs),
                         "finish_reason": choice.finish_reason}
@@ -50,17 +56,46 @@ class ResponseShape:
         body["usage"] = usage.body()
         return body
 
+    def _message(self, choice: Choice) -> tuple[dict, str]:
+        if self.tools is None:
+            return {"role": "assistant", "content": choice.text}, choice.finish_reason
+        parser = self._new_parser()
+        deltas = parser.feed(choice.text)
+        deltas.extend(parser.finish())
+        message: dict[str, Any] = {"role": "assistant", "content": deltas.content if deltas.content or not
+                                   deltas.calls else None}
+        if deltas.calls:
+            message["tool_calls"] = deltas.tool_calls()
+        return message, _finish_reason(choice.finish_reason, parser)
+
+    def _new_parser(self) -> ToolCallParser:
+        return ToolCallParser(self.tools.names, self.tools.parallel)
+
     def first_chunk(self, index: int) -> dict:
         """A choice's opening event (chat: its role)."""
         return self.chunk(Piece(index), first=True)
 
-    def chunk(self, piece: Piece, first: bool = False) -> dict:
+    def chunk(self, piece: Piece, first: bool = False) -> dict | None:
+        """The event for one piece; None when a tool call holds back all it has (nothing to send yet)."""
         logprobs = self._logprobs(piece.logprobs) if piece.logprobs or piece.text and self.logprobs else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if piece.text or piece.logprobs:
-                delta["content"] = piece.text
-            choice = {"index": piece.index, "delta": delta, "logprobs": logprobs, "finish_reason": piece.finish_reason}
+            finish = piece.finish_reason
+            if self.tools is None:
+                if piece.text or piece.logprobs:
+                    delta["content"] = piece.text
+            elif not first:
+                if piece.index not in self._parsers:
+                    self._parsers[piece.index] = self._new_parser()
+                parser = self._parsers[piece.index]
+                deltas = parser.feed(piece.text)
+                if finish:
+                    deltas.extend(parser.finish())
+                    finish = _finish_reason(finish, parser)
+                _add_deltas(delta, deltas, bool(piece.logprobs))
+                if not delta and not finish:
+                    return None
+            choice = {"index": piece.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": piece.index, "text": piece.text, "logprobs": logprobs,
                       "finish_reason": piece.finish_reason}
@@ -70,3 +105,14 @@ class ResponseShape:
         body = self._envelope(self.object, [])
         body["usage"] = usage.body()
         return body
+
+
+def _finish_reason(finish: str, parser: ToolCallParser) -> str:
+    return "tool_calls" if finish == "stop" and parser.calls else finish
+
+
+def _add_deltas(delta: dict, deltas: Deltas, has_logprobs: bool) -> None:
+    if deltas.content or has_logprobs:
+        delta["content"] = deltas.content
+    if deltas.calls:
+        delta["tool_calls"] = deltas.tool_calls()

@@ -22,8 +22,10 @@ TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_gen
 def tokenize(llm, body: dict) -> dict:
     _refuse_unknown(body, TOKENIZE_FIELDS)
     add_special = _flag(body, "add_special_tokens", True)
+    if "messages" in body and "prompt" in body:
+        raise ApiError(400, "give 'prompt' or 'messages', not both", param="messages")
     try:
-        if "messages" in body and "prompt" not in body:
+        if "messages" in body:
             text = _chat_text(llm, body)
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]

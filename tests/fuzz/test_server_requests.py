@@ -1,0 +1,532 @@
+"""Property-based fuzz of the server's request bodies: over 5,000 requests to the app, in process,
+on the demo model (about 70 s of CPU time).
+
+Each case is a body the test builds knowing what it should get:
+
+    valid   a body every rule of OpenAI's API (and docs/server.md's limits) accepts: 200
+    bad     a valid body with one field broken (wrong type, out of range, unknown name, a bad message,
+            a bad token id ...): 400 or 422, with an error whose `param` names that field
+    either  a body whose fate depends on a library's reading (a regex, a JSON schema, tools for a
+            template that may not render them): 200, or a 4xx naming the field
+    not JSON an object-less body (bytes, cut JSON, a JSON array ...): 400
+
+and no request ever gets a 500. The rules here are written from OpenAI's API reference and the
+limits docs/server.md states; only which fields are refused is read from the server's table of
+fields (fields.py, the table docs/server.md shows). The runs are derandomized, so CI sees the same
+cases every time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+from starlette.testclient import TestClient
+
+from mnngpu import llm
+from mnngpu.apps.server.app import create_app
+from mnngpu.apps.server.engine import ServedModel
+from mnngpu.apps.server.fields import CHAT, COMPLETIONS, FIELDS, REFUSED
+from mnngpu.demo import demo_model_dir
+
+# Requests per test; together at least 5,000.
+EXAMPLES = {"chat": 1700, "completions": 1700, "tokenize": 700, "detokenize": 500, "not_json": 500}
+NEW_TOKENS = st.integers(1, 2)   # what valid requests generate at most, so the run stays short
+MAX_STOP, MAX_TOP_LOGPROBS, MAX_CHOICES = 4, 20, 128
+ROLES = ("system", "developer", "user", "assistant")
+TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs")
+FUZZ_SETTINGS = settings(derandomize=True, database=None, deadline=None, print_blob=True,
+                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                HealthCheck.filter_too_much])
+
+
+@dataclass(frozen=True)
+class Case:
+    body: Any                   # what is sent as JSON; bytes are sent as they are
+    expect: str                 # "valid", "bad", "either" or "not_json"
+    param: str | None = None    # bad and either: the field the error must name (or a part of it)
+
+    def raw(self) -> bytes:
+        return self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
+
+
+# ---- values ----------------------------------------------------------------------------------------
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=16)   # no lone surrogates: JSON text a client means
+WORDS = st.text(st.characters(codec="utf-8"), min_size=1, max_size=16)
+NAMES = st.text(string.ascii_letters + "_", min_size=1, max_size=12)
+BIG_INTS = st.integers(min_value=-(2**70), max_value=2**70)
+LONE_SURROGATE_TEXT = st.builds(lambda a, s, b: a + s + b, TEXT, st.characters(categories=["Cs"]), TEXT)
+# values that code reading a field with `or`, truthiness or int() gets wrong
+EDGES = st.sampled_from([0, 0.0, -0.0, False, True, "", [], {}, "0", "1", "-1", 1e308, -1, 2**63, 2**64])
+JUNK = EDGES | st.recursive(
+    st.none() | st.booleans() | BIG_INTS | st.floats(allow_nan=True, allow_infinity=True) | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=6)
+# strings that str.isdigit() or int() accept but are no plain token id
+NOT_IDS = st.sampled_from(["²", "٣", "１", " 1", "1 ", "+1", "-1", "1.0", "0x1", "1e3", "1_0", ""])
+SOME_JUNK = JUNK.filter(lambda v: v is not None)   # a null field counts as absent, as in OpenAI's API
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return is_int(value) or isinstance(value, float) and math.isfinite(value)
+
+
+def in_range(low: float, high: float, low_open: bool = False):
+    return lambda v: is_number(v) and (low < v if low_open else low <= v) and v <= high
+
+
+def ints_from(low: int, high: int | None = None):
+    return lambda v: is_int(v) and low <= v and (high is None or v <= high)
+
+
+def is_prompt(value: Any) -> bool:
+    """One prompt: a non-empty string or a non-empty list of token ids (their range is checked apart)."""
+    return isinstance(value, str) and value != "" or isinstance(value, list) and bool(value) and all(
+        is_int(i) for i in value)
+
+
+def is_stop(value: Any) -> bool:
+    values = [value] if isinstance(value, str) else value
+    return isinstance(values, list) and len(values) <= MAX_STOP and all(isinstance(s, str) and s for s in values)
+
+
+def breaking(valid) -> st.SearchStrategy:
+    """Non-null values that `valid` refuses: junk, and numbers near and far from the edges."""
+    numbers = st.floats(allow_nan=True, allow_infinity=True) | BIG_INTS | st.integers(-3, 3) | st.sampled_from(
+        [-0.5, 1.5, 2.0001, 20.5, 21, 129, -1, 0])
+    return st.one_of(JUNK, numbers, st.booleans()).filter(lambda v: v is not None and not valid(v))
+
+
+# the rules of the sampling and shape fields both generating endpoints share
+COMMON_RULES = {
+    "temperature": in_range(0, 2),
+    "top_p": in_range(0, 1, low_open=True),
+    "seed": ints_from(0),
+    "presence_penalty": in_range(-2, 2),
+    "frequency_penalty": in_range(-2, 2),
+    "stop": is_stop,
+    "stream": lambda v: isinstance(v, bool),
+}
+CHAT_RULES = {**COMMON_RULES, "max_tokens": ints_from(1), "max_completion_tokens": ints_from(1),
+              "n": ints_from(1, MAX_CHOICES), "logprobs": lambda v: isinstance(v, bool)}
+COMPLETION_RULES = {**COMMON_RULES, "max_tokens": ints_from(0), "n": ints_from(1, MAX_CHOICES),
+                    "logprobs": ints_from(0, MAX_TOP_LOGPROBS), "echo": lambda v: isinstance(v, bool)}
+
+
+def common_fields(vocab: int) -> dict[str, st.SearchStrategy]:
+    """Valid values of the optional fields, small enough that a valid request stays quick."""
+    return {
+        "temperature": st.sampled_from([0, 0.0, 0.5, 1, 2.0]) | st.floats(0, 2),
+        "top_p": st.floats(0, 1, exclude_min=True),
+        "seed": st.integers(0, 2**70),
+        "presence_penalty": st.floats(-2, 2),
+        "frequency_penalty": st.floats(-2, 2),
+        "stop": WORDS | st.lists(WORDS, max_size=MAX_STOP),
+        "n": st.integers(1, 2),
+        "logit_bias": st.dictionaries(st.integers(0, vocab - 1).map(str), st.floats(-100, 100), max_size=3),
+        "user": TEXT,
+        "model": TEXT,
+    }
+
+
+def stream_fields() -> st.SearchStrategy:
+    return st.one_of(st.just({}), st.just({"stream": False}),
+                     st.fixed_dictionaries({"stream": st.just(True)},
+                                           optional={"stream_options": st.fixed_dictionaries(
+                                               {}, optional={"include_usage": st.booleans(),
+                                                             "include_obfuscation": st.booleans()})}))
+
+
+# ---- messages --------------------------------------------------------------------------------------
+
+def content() -> st.SearchStrategy:
+    return TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+
+
+def tool_calls() -> st.SearchStrategy:
+    arguments = st.dictionaries(NAMES, st.integers() | TEXT, max_size=2).map(json.dumps)
+    call = st.fixed_dictionaries({"id": NAMES, "type": st.just("function"),
+                                  "function": st.fixed_dictionaries({"name": NAMES, "arguments": arguments})})
+    return st.lists(call, min_size=1, max_size=2)
+
+
+def message() -> st.SearchStrategy:
+    plain = st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": content()})
+    caller = st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | TEXT,
+                                    "tool_calls": tool_calls()})
+    tool = st.fixed_dictionaries({"role": st.just("tool"), "content": TEXT, "tool_call_id": NAMES})
+    return st.one_of(plain, plain, caller, tool)
+
+
+def messages() -> st.SearchStrategy:
+    return st.lists(message(), min_size=1, max_size=3)
+
+
+@st.composite
+def broken_message(draw, index: int) -> tuple[Any, str]:
+    """A message with one thing wrong, and the param its error must name."""
+    where = f"messages[{index}]"
+    good = draw(message())
+    kind = draw(st.sampled_from(["junk", "role", "role_type", "extra", "content", "part", "surrogate",
+                                 "tool_call_id", "tool_calls", "arguments"]))
+    if kind == "junk":
+        return draw(JUNK.filter(lambda v: not isinstance(v, dict))), where
+    if kind == "role":
+        return {**good, "role": draw(WORDS.filter(lambda r: r not in (*ROLES, "tool")))}, f"{where}.role"
+    if kind == "role_type":
+        return {**good, "role": draw(JUNK.filter(lambda v: not isinstance(v, str)))}, where
+    if kind == "extra":
+        name = draw(NAMES.filter(lambda n: n not in ("role", "content", "tool_calls", "tool_call_id")))
+        return {**good, name: draw(JUNK.filter(lambda v: v is not None))}, f"{where}.{name}"
+    if kind == "content":
+        bad = JUNK.filter(lambda v: v is not None and not isinstance(v, str | list))
+        return {**good, "content": draw(bad)}, f"{where}.content"
+    if kind == "part":
+        part = draw(JUNK.filter(lambda v: not (isinstance(v, dict) and v.get("type") in
+                                               ("text", "image_url", "input_audio"))))
+        return {**good, "content": [{"type": "text", "text": "a"}, part]}, f"{where}.content"
+    if kind == "surrogate":
+        return {**good, "content": draw(LONE_SURROGATE_TEXT)}, where
+    if kind == "tool_call_id":
+        return {"role": "tool", "content": draw(TEXT), "tool_call_id": draw(JUNK.filter(
+            lambda v: not isinstance(v, str)))}, f"{where}.tool_call_id"
+    if kind == "tool_calls":
+        return {"role": "assistant", "tool_calls": draw(JUNK.filter(lambda v: v is not None and (
+            not isinstance(v, list) or any(not isinstance(call, dict) for call in v))))}, f"{where}.tool_calls"
+    not_an_object = TEXT.filter(lambda t: not _is_json_object(t))
+    calls = draw(tool_calls())
+    calls[0] = {**calls[0], "function": {**calls[0]["function"], "arguments": draw(not_an_object)}}
+    return {"role": "assistant", "tool_calls": calls}, f"{where}.tool_calls"
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+# ---- bodies ----------------------------------------------------------------------------------------
+
+@st.composite
+def valid_chat(draw, vocab: int) -> dict:
+    optional = {**common_fields(vocab), "response_format": st.just({"type": "text"}),
+                "top_logprobs": st.integers(0, MAX_TOP_LOGPROBS), "metadata": JUNK, "store": JUNK}
+    body = draw(st.fixed_dictionaries({"messages": messages(), "max_tokens": NEW_TOKENS}, optional=optional))
+    if "top_logprobs" in body or draw(st.booleans()):
+        body["logprobs"] = True
+    if draw(st.booleans()):
+        body["max_completion_tokens"] = body.pop("max_tokens")
+    return {**body, **draw(stream_fields())}
+
+
+@st.composite
+def valid_completion(draw, vocab: int) -> dict:
+    ids = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=6)
+    prompt = WORDS | st.lists(WORDS, min_size=1, max_size=2) | ids | st.lists(ids, min_size=1, max_size=2)
+    optional = {**common_fields(vocab), "echo": st.booleans(), "logprobs": st.integers(0, MAX_TOP_LOGPROBS),
+                "best_of": st.just(1), "suffix": st.just("")}
+    body = draw(st.fixed_dictionaries({"prompt": prompt, "max_tokens": NEW_TOKENS}, optional=optional))
+    if body.get("echo") and draw(st.booleans()):
+        body["max_tokens"] = 0
+    return {**body, **draw(stream_fields())}
+
+
+def fields_of(endpoint: str, status: str) -> list[str]:
+    return [name for name, known in FIELDS.items() if endpoint in known.endpoints and known.status == status]
+
+
+def asking(name: str) -> st.SearchStrategy:
+    """Values of a refused field that ask for something (not null, nor the one value that asks nothing)."""
+    accepted = {"best_of": [1], "suffix": [""], "modalities": [["text"]], "functions": [[]],
+                "function_call": ["none"]}.get(name, [])
+    return JUNK.filter(lambda v: v is not None and not isinstance(v, bool) and v not in accepted)
+
+
+@st.composite
+def broken_common(draw, body: dict, endpoint: str, rules: dict, vocab: int) -> Case:
+    """`body` with one of the fields both endpoints share broken."""
+    kind = draw(st.sampled_from(["rule", "logit_bias", "unknown", "rule", "refused", "stream_options", "rule",
+                                 "logit_bias"]))
+    if kind == "rule":
+        name = draw(st.sampled_from(sorted(rules)))
+        body = {key: value for key, value in body.items() if key not in ("max_tokens", "max_completion_tokens")
+                or name not in ("max_tokens", "max_completion_tokens")}
+        return Case({**body, name: draw(breaking(rules[name]))}, "bad", name)
+    if kind == "unknown":
+        name = draw(NAMES.filter(lambda n: n not in FIELDS or endpoint not in FIELDS[n].endpoints))
+        return Case({**body, name: draw(SOME_JUNK)}, "bad", name)
+    if kind == "refused":
+        name = draw(st.sampled_from(fields_of(endpoint, REFUSED)))
+        return Case({**body, name: draw(asking(name))}, "bad", name)
+    if kind == "logit_bias":
+        bad_key = st.one_of(NOT_IDS, NOT_IDS, st.integers(vocab, 2**70).map(str),
+                            TEXT.filter(lambda k: not (k.isascii() and k.isdigit())))
+        bias = draw(st.one_of(
+            st.dictionaries(bad_key, st.floats(-100, 100), min_size=1, max_size=2),
+            JUNK.filter(lambda v: v is not None and not isinstance(v, dict)),
+            st.dictionaries(st.integers(0, vocab - 1).map(str), breaking(in_range(-100, 100)), min_size=1,
+                            max_size=2)))
+        return Case({**body, "logit_bias": bias}, "bad", "logit_bias")
+    options = st.one_of(JUNK.filter(lambda v: v is not None and v != {} and not isinstance(v, dict)),
+                        st.fixed_dictionaries({"include_usage": breaking(lambda v: isinstance(v, bool))}),
+                        st.dictionaries(NAMES.filter(lambda n: n not in ("include_usage", "include_obfuscation")),
+                                        JUNK, min_size=1, max_size=1))
+    return Case({**body, "stream": True, "stream_options": draw(options)}, "bad", "stream_options")
+
+
+@st.composite
+def chat_cases(draw, vocab: int) -> Case:
+    body = draw(valid_chat(vocab))
+    # hypothesis draws the first choice most: the cheap bad bodies, before the valid ones that generate
+    kind = draw(st.sampled_from(["common", "message", "valid", "messages", "common", "logprobs", "output_shape",
+                                 "message", "valid"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "common":
+        return draw(broken_common(body, CHAT, CHAT_RULES, vocab))
+    if kind == "messages":
+        bad = JUNK.filter(lambda v: v is not None and not (isinstance(v, list) and v)) | st.just([])
+        return Case({**body, "messages": draw(bad)}, "bad", "messages")
+    if kind == "message":
+        index = draw(st.integers(0, len(body["messages"])))
+        wrong, param = draw(broken_message(index))
+        return Case({**body, "messages": [*body["messages"][:index], wrong, *body["messages"][index:]]}, "bad",
+                    param)
+    if kind == "logprobs":
+        body.pop("logprobs", None)
+        wrong = draw(st.one_of(
+            st.fixed_dictionaries({"logprobs": st.just(True), "top_logprobs": breaking(ints_from(0, 20))}),
+            st.fixed_dictionaries({"top_logprobs": st.integers(0, 20)},
+                                  optional={"logprobs": st.just(False)})))
+        return Case({**body, **wrong}, "bad", "top_logprobs")
+    return draw(output_shape_case(body))
+
+
+@st.composite
+def output_shape_case(draw, body: dict) -> Case:
+    """response_format and tools: junk is refused by name; a regex, schema or tool list may be read or not."""
+    body = {key: value for key, value in body.items() if key != "response_format"}
+    name = draw(st.sampled_from(["response_format", "tools", "tool_choice", "parallel_tool_calls"]))
+    if name == "parallel_tool_calls":
+        return Case({**body, name: draw(breaking(lambda v: isinstance(v, bool)))}, "bad", name)
+    if draw(st.booleans()):
+        junk = JUNK.filter(lambda v: v is not None and not isinstance(v, dict | list | str))
+        return Case({**body, name: draw(junk)}, "bad", name)
+    if name == "response_format":
+        kind = draw(st.sampled_from(["regex", "grammar", "json_schema", "json_object", "unknown"]))
+        value = {"type": kind}
+        if kind in ("regex", "grammar"):
+            value[kind] = draw(TEXT)
+        elif kind == "json_schema":
+            value[kind] = draw(st.fixed_dictionaries({"name": NAMES}, optional={"schema": JUNK, "strict": JUNK}))
+        return Case({**body, name: value}, "either", name)
+    tools = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": NAMES}, optional={"parameters": JUNK, "description": JUNK})}), max_size=2)
+    choice = st.sampled_from(["none", "auto", "required"]) | JUNK
+    return Case({**body, "tools": draw(tools), "tool_choice": draw(choice)}, "either", "tool")
+
+
+@st.composite
+def completion_cases(draw, vocab: int) -> Case:
+    body = draw(valid_completion(vocab))
+    kind = draw(st.sampled_from(["common", "prompt", "valid", "token_ids", "common", "zero_tokens",
+                                 "too_many_choices", "valid"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "common":
+        return draw(broken_common(body, COMPLETIONS, COMPLETION_RULES, vocab))
+    if kind == "prompt":
+        empty = st.sampled_from(["", [], [""], [[]], ["a", ""], [[1], []]])
+        wrong = JUNK.filter(lambda v: v is not None and not isinstance(v, str | list))
+        mixed = st.lists(JUNK, min_size=1, max_size=3).filter(lambda v: not all(is_prompt(p) for p in v)
+                                                              and not all(is_int(p) for p in v))
+        return Case({**body, "prompt": draw(empty | wrong | mixed | LONE_SURROGATE_TEXT)}, "bad", "prompt")
+    if kind == "token_ids":
+        outside = st.integers(vocab, 2**70) | st.integers(-(2**70), -1)
+        ids = draw(st.lists(st.integers(0, vocab - 1), max_size=3))
+        ids.insert(draw(st.integers(0, len(ids))), draw(outside))
+        return Case({**body, "prompt": draw(st.sampled_from([ids, [ids], [[1], ids]]))}, "bad", "prompt")
+    if kind == "zero_tokens":
+        return Case({**body, "echo": False, "max_tokens": 0}, "bad", "max_tokens")
+    prompts = draw(st.lists(WORDS, min_size=2, max_size=4))
+    n = draw(st.integers(MAX_CHOICES // len(prompts) + 1, MAX_CHOICES))
+    return Case({**body, "prompt": prompts, "n": n}, "bad", "n")
+
+
+@st.composite
+def tokenize_cases(draw, vocab: int) -> Case:
+    flags = {"add_special_tokens": st.booleans(), "return_token_strs": st.booleans(), "model": TEXT}
+    by_prompt = st.fixed_dictionaries({"prompt": TEXT}, optional=flags)
+    by_messages = st.fixed_dictionaries({"messages": messages()},
+                                        optional={**flags, "add_generation_prompt": st.booleans()})
+    body = draw(by_prompt | by_messages)
+    kind = draw(st.sampled_from(["message", "flag", "valid", "unknown", "prompt", "surrogate", "valid"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "unknown":
+        name = draw(NAMES.filter(lambda n: n not in TOKENIZE_FIELDS))
+        return Case({**body, name: draw(SOME_JUNK)}, "bad", name)
+    if kind == "flag":
+        name = draw(st.sampled_from(["add_special_tokens", "return_token_strs"]))
+        return Case({**body, name: draw(breaking(lambda v: isinstance(v, bool)))}, "bad", name)
+    if kind == "prompt":
+        return Case({"prompt": draw(JUNK.filter(lambda v: not isinstance(v, str)))}, "bad", "prompt")
+    if kind == "surrogate":
+        return Case({"prompt": draw(LONE_SURROGATE_TEXT)}, "bad", "prompt")
+    wrong, param = draw(broken_message(0))
+    return Case({"messages": [wrong]}, "bad", param)
+
+
+@st.composite
+def detokenize_cases(draw, vocab: int) -> Case:
+    ids = st.lists(st.integers(0, vocab - 1), max_size=8)
+    body = draw(st.fixed_dictionaries({"tokens": ids}, optional={"model": TEXT}))
+    kind = draw(st.sampled_from(["junk", "outside", "valid", "unknown", "valid"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "unknown":
+        name = draw(NAMES.filter(lambda n: n not in ("model", "tokens")))
+        return Case({**body, name: draw(SOME_JUNK)}, "bad", name)
+    if kind == "outside":
+        tokens = [*body["tokens"], draw(st.integers(vocab, 2**70) | st.integers(-(2**70), -1))]
+        return Case({"tokens": draw(st.permutations(tokens))}, "bad", "tokens")
+    wrong = JUNK.filter(lambda v: not (isinstance(v, list) and all(is_int(i) and 0 <= i < vocab for i in v)))
+    return Case({"tokens": draw(wrong)}, "bad", "tokens")
+
+
+def not_json_bodies() -> st.SearchStrategy:
+    cut = st.builds(lambda text, at: text[:at], st.just(json.dumps({"prompt": "hello", "max_tokens": 1})),
+                    st.integers(0, 30))
+    not_objects = JUNK.filter(lambda v: not isinstance(v, dict)).map(lambda v: json.dumps(v))
+    raw = st.binary(max_size=40).filter(lambda b: not _decodes_to_object(b))
+    return st.one_of(cut.map(str.encode), not_objects.map(str.encode), raw)
+
+
+def _decodes_to_object(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
+
+
+# ---- the check -------------------------------------------------------------------------------------
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "tokenize": "/tokenize",
+         "detokenize": "/detokenize"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = llm.create(demo_model_dir() / "config.json")
+    model.set_config({"thread_num": 2})
+    model.load()
+    with TestClient(create_app(ServedModel(model, "demo")), raise_server_exceptions=False) as client:
+        yield client, model.embedding.vocab_size
+
+
+def names(param: str | None, field: str) -> bool:
+    """Whether an error's param names `field`: the field itself, or a part of it."""
+    return param is not None and (param == field or param.startswith((f"{field}.", f"{field}[")))
+
+
+def check(client: TestClient, endpoint: str, case: Case) -> None:
+    response = client.post(PATHS[endpoint], content=case.raw(), headers={"content-type": "application/json"})
+    status = response.status_code
+    assert status != 500, f"{case}: {response.text}"
+    if case.expect == "valid" or (case.expect == "either" and status == 200):
+        assert status == 200, f"{case}: {response.text}"
+        check_reply(endpoint, case.body, response)
+        return
+    assert status in (400, 422), f"{case}: {status} {response.text}"
+    error = response.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error", f"{case}: {error}"
+    if case.expect == "not_json":
+        assert error["param"] is None, f"{case}: {error}"
+    elif case.expect == "either" and case.param == "tool":
+        assert names(error["param"], "tools") or names(error["param"], "tool_choice"), f"{case}: {error}"
+    else:
+        assert names(error["param"], case.param), f"{case}: expected param {case.param!r}: {error}"
+
+
+def check_reply(endpoint: str, body: dict, response) -> None:
+    if endpoint == "tokenize":
+        reply = response.json()
+        assert reply["count"] == len(reply["tokens"])
+        return
+    if endpoint == "detokenize":
+        assert isinstance(response.json()["prompt"], str)
+        return
+    if body.get("stream"):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.text.rstrip().endswith("data: [DONE]") and '"error"' not in response.text, response.text
+        return
+    prompts = body["prompt"] if endpoint == "completions" else [body["messages"]]
+    if endpoint == "completions" and (isinstance(prompts, str) or all(is_int(i) for i in prompts)):
+        prompts = [prompts]
+    choices = response.json()["choices"]
+    assert len(choices) == len(prompts) * body.get("n", 1)
+    assert all(c["finish_reason"] in ("stop", "length", "tool_calls") for c in choices), choices
+
+
+def run_fuzz(server, endpoint: str, cases) -> None:
+    client, vocab = server
+    sent = []
+
+    @settings(FUZZ_SETTINGS, max_examples=EXAMPLES[endpoint])
+    @given(case=cases(vocab))
+    def fuzz(case):
+        sent.append(case.expect)
+        check(client, endpoint, case)
+
+    fuzz()
+    assert len(sent) >= EXAMPLES[endpoint]
+    assert {"valid", "bad"} <= set(sent)   # both kinds were tried, so neither check passes by being skipped
+
+
+def test_chat_completion_bodies(server):
+    run_fuzz(server, "chat", chat_cases)
+
+
+def test_completion_bodies(server):
+    run_fuzz(server, "completions", completion_cases)
+
+
+def test_tokenize_bodies(server):
+    run_fuzz(server, "tokenize", tokenize_cases)
+
+
+def test_detokenize_bodies(server):
+    run_fuzz(server, "detokenize", detokenize_cases)
+
+
+def test_bodies_that_are_not_json_objects(server):
+    client, _ = server
+    sent = []
+
+    @settings(FUZZ_SETTINGS, max_examples=EXAMPLES["not_json"])
+    @given(endpoint=st.sampled_from(sorted(PATHS)), raw=not_json_bodies())
+    def fuzz(endpoint, raw):
+        sent.append(raw)
+        check(client, endpoint, Case(raw, "not_json"))
+
+    fuzz()
+    assert len(sent) >= EXAMPLES["not_json"]
+
+
+def test_the_fuzz_sends_at_least_5000_requests():
+    assert sum(EXAMPLES.values()) >= 5000
