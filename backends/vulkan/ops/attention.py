@@ -97,6 +97,15 @@ class KVCache:
         return self.slot.index * self.pool.region_rows
 
     @property
+    def k(self):
+        """The keys' buffer: the pool's, which every slot's region is part of."""
+        return self.pool.k
+
+    @property
+    def v(self):
+        return self.pool.v
+
+    @property
     def nbytes(self) -> int:
         return sum(self.pool.region_rows * row for _, row in self.pool.parts)
 
