@@ -3,12 +3,13 @@
 # transformers, onnx, numba and cupy, but no mnn, llmexport, pyopencl or vulkan):
 #   1. installs the wheels (and Vulkan loader .debs) that tools/fetch_device_wheels.py put in
 #      benchmarks/wheels/, into $SITE with pip --target;
-#   2. runs every CUDA op test, then the conformance suites on every fixture for cuda, vulkan (on the
-#      NVIDIA driver) and opencl (where an NVIDIA ICD exists), while the 0.5B-shaped bench model is
-#      built from random weights and exported in the background (tools/make_bench_model.py);
+#   2. runs every CUDA op test and CUDA's continuous-batching test (tests/backend/test_batch_cuda.py),
+#      then the conformance suites on every fixture for cuda, vulkan (on the NVIDIA driver) and opencl
+#      (where an NVIDIA ICD exists), while the 0.5B-shaped bench model is built from random weights
+#      and exported in the background (tools/make_bench_model.py);
 #   3. runs transformers eager bf16 on the bench model's HuggingFace source
 #      (benchmarks/hf_eager_bench.py) as the side-by-side peer, then `mnngpu bench` on the model for
-#      each backend;
+#      each backend, and CUDA's continuous batching at 1, 2 and 4 slots (benchmarks/batch_speed.py);
 #   4. profiles a prefill and a decode step op by op on CUDA (benchmarks/cuda_profile.py) and
 #      dispatch by dispatch on Vulkan (benchmarks/vulkan_profile.py);
 #   5. prints every figure and a summary, and copies the summary and logs into $OUT if it is set.
@@ -199,6 +200,15 @@ print(f"mnngpu cuda (fallback timing): prefill({prompt}) {prompt / prefill:.1f} 
 EOF
 }
 
+# Continuous batching on CUDA: aggregate tok/s at 1, 2 and 4 slots, its rows copied into the summary.
+cuda_batch_speed() {
+    local limit=$1
+    [ "$(left)" -lt "$limit" ] && limit=$(left)
+    timeout --kill-after=5 "$limit" "$PY" -m benchmarks.batch_speed "$2" --backends cuda --slots 1 2 4 \
+        --tokens 32 --rounds 2 | tee -a "$SUMMARY"
+    return "${PIPESTATUS[0]}"
+}
+
 # ---------------------------------------------------------------------------------------------------
 say "device check of $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'this tree') on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
@@ -235,6 +245,8 @@ stage cuda-ops 120 "$PY" -m pytest -q -rs --tb=short -p no:cacheprovider "${PARA
     tests/backend/test_ops.py tests/backend/test_cuda_ops.py tests/test_cuda_kernels_compile.py -k cuda \
     --junitxml="$WORK/cuda_ops.xml"
 [ -f "$WORK/cuda_ops.xml" ] && junit_counts "$WORK/cuda_ops.xml" | tee -a "$SUMMARY"
+case ",$BACKENDS," in *,cuda,*) stage cuda-batch 90 "$PY" -m pytest -q -rs --tb=short -p no:cacheprovider \
+    tests/backend/test_batch_cuda.py ;; esac
 stage conformance 150 "$PY" -m pytest -q -rs --tb=short -p no:cacheprovider "${PARALLEL[@]}" \
     tests/conformance/test_fixture_models.py tests/conformance/test_speculative_models.py \
     tests/conformance/test_sliding_window.py tests/conformance/test_vision_model.py \
@@ -267,6 +279,12 @@ else
     say "[mnngpu-bench] 'mnngpu bench' is not available in this tree: timing cuda alone"
     stage cuda-speed 100 cuda_speed_fallback "$MODEL"
 fi
+
+case ",$BACKENDS," in *,cuda,*)
+    BATCH_MODEL=$MODEL
+    [ -f "$MODEL/llm.mnn" ] || BATCH_MODEL=$REPO/mnngpu/demo/model
+    stage cuda-batch-speed 90 cuda_batch_speed 90 "$BATCH_MODEL" ;;
+esac
 
 # Where the time goes: op by op on CUDA, dispatch by dispatch on Vulkan.
 if [ -f "$MODEL/llm.mnn" ]; then

@@ -4,6 +4,8 @@ in one run, for 1, 2, 4 and 8 concurrent clients.
     python -m benchmarks.serve_load bench_models/qwen2_5_0_5b_shape \\
         --gguf bench_models/qwen2_5_0_5b_shape.q4_0.gguf --llama-cpp WORKDIR
     python -m benchmarks.serve_load                  # the demo model, mnngpu serve only
+    python -m benchmarks.serve_load --backend vulkan --prefill-widths 100 --prefill-widths 32,100
+    python -m benchmarks.serve_load MODEL --config-variant "" --config-variant int8_activations=true
 
 Each client sends `--requests` streamed greedy /v1/completions one after another, each asking for
 `--tokens` new tokens from its own fixed prompt (the prompts differ at their start, so no server
@@ -22,8 +24,11 @@ the same thread count. llama-server runs with `-np N` slots (N: `--parallel`, by
 clients); `mnngpu serve` gets `--parallel N` too where its --help lists that flag. llama-server is
 `--llama-server PATH`, or found in the build folders of tools/build_llama_cpp.sh's WORKDIR
 (`--llama-cpp WORKDIR`); it needs a build with LLAMA_BUILD_SERVER on. The GGUF comes from
-tools/bench_model_gguf.py. On a shared machine the load average decides the figures: it is
-printed before and after each server's run.
+tools/bench_model_gguf.py. `--backend` is mnngpu serve's (llama-server stays on the CPU); each
+`--prefill-widths W` runs one more mnngpu serve with MNNGPU_PREFILL_WIDTHS=W (the prefill module
+widths of a fixed-shape backend, mnngpu/runtime/module_pool.py), and each `--config-variant
+K=V,K=V` one more with those `--config` items ("" for none), so they are measured side by side. On a
+shared machine the load average decides the figures: it is printed before and after each server's run.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import httpx
 
 from benchmarks.compare_llama_cpp import LLAMA_CPP_RUNS, load_average
 from benchmarks.machine import cpu_description
+from mnngpu.runtime.module_pool import WIDTHS_ENV
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
@@ -120,13 +126,14 @@ def free_port() -> int:
 class Server:
     """A server process on a free port of 127.0.0.1, stopped when the block ends."""
 
-    def __init__(self, name: str, command: list[str], port: int, extra_body: dict):
+    def __init__(self, name: str, command: list[str], port: int, extra_body: dict, env: dict | None = None):
         self.name, self.command, self.port, self.extra_body = name, command, port, extra_body
+        self.env = {**os.environ, **(env or {})}
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> Self:
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"serve_load_{self.name}_", suffix=".log")
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + START_S
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -164,14 +171,34 @@ def mnngpu_parallel_flag() -> bool:
     return "--parallel" in done.stdout
 
 
-def mnngpu_server(args, parallel: bool) -> Server:
+def mnngpu_server(args, parallel: bool, widths: str | None = None, config: str = "") -> Server:
+    """mnngpu serve on args.backend; `widths`: its MNNGPU_PREFILL_WIDTHS (None: the default widths);
+    `config`: comma-separated KEY=VALUE items for its --config."""
     port = free_port()
     command = [sys.executable, "-m", "mnngpu", "serve", *([str(args.model)] if args.model else []),
                "--port", str(port), "-t", str(args.threads), "--sampler", "greedy", "--quiet",
                "--max-queue", str(max(32, args.requests * max(args.clients)))]
+    if args.backend:
+        command += ["--backend", args.backend]
     if parallel:
         command += ["--parallel", str(args.parallel)]
-    return Server("mnngpu", command, port, {})
+    items = [item for item in config.split(",") if item]
+    for item in items:
+        command += ["--config", item]
+    if widths is None:
+        return Server("mnngpu" + "".join(f"-{item}" for item in items), command, port, {})
+    return Server(f"mnngpu-w{widths.replace(',', '-')}", command, port, {}, {WIDTHS_ENV: widths})
+
+
+def mnngpu_servers(args, parallel: bool) -> list[tuple[str, object]]:
+    """(name, server maker) for each mnngpu serve run: one per --prefill-widths and --config-variant,
+    else one."""
+    if not args.prefill_widths and not args.config_variant:
+        return [("mnngpu serve", lambda: mnngpu_server(args, parallel))]
+    return ([(f"mnngpu serve widths {widths}", lambda widths=widths: mnngpu_server(args, parallel, widths))
+             for widths in args.prefill_widths or []]
+            + [(f"mnngpu serve {config or 'defaults'}", lambda config=config: mnngpu_server(args, parallel, config=config))
+               for config in args.config_variant or []])
 
 
 def find_llama_server(args) -> Path:
@@ -269,10 +296,11 @@ def measure(server: Server, args, body: dict) -> list[Level]:
 # ---- the report ---------------------------------------------------------------------------------
 
 def table(name: str, levels: list[Level]) -> list[str]:
-    lines = [f"{name}:", "", "| clients | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | replies |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    header = "| clients | tok/s | over 1 client | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | replies |"
+    lines = [f"{name}:", "", header, "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    one = next((lv.tok_s for lv in levels if lv.clients == 1), float("nan"))
     for lv in levels:
-        lines.append(f"| {lv.clients} | {lv.tok_s:.1f} | {lv.ttft_ms(50):.0f} | {lv.ttft_ms(99):.0f} | "
+        lines.append(f"| {lv.clients} | {lv.tok_s:.1f} | {lv.tok_s / one:.2f}x | {lv.ttft_ms(50):.0f} | {lv.ttft_ms(99):.0f} | "
                      f"{lv.itl_ms(50):.1f} | {lv.itl_ms(99):.1f} | {len(lv.replies)} |")
     return lines + [""]
 
@@ -299,6 +327,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="each server's threads (default: %(default)s)")
     parser.add_argument("--parallel", type=int, help="slots: llama-server's -np, and mnngpu serve's --parallel "
                                                      "where it has it (default: the most clients)")
+    parser.add_argument("--backend", help="mnngpu serve's backend (cpu, opencl, vulkan, cuda; default: its own); "
+                                          "llama-server runs on the CPU")
+    parser.add_argument("--prefill-widths", action="append", metavar="W",
+                        help=f"run mnngpu serve with {WIDTHS_ENV}=W (e.g. 100, or 32,100); repeat it to measure "
+                             "several side by side")
+    parser.add_argument("--config-variant", action="append", metavar="K=V,K=V",
+                        help="run mnngpu serve with these --config items (\"\" for none); repeat it to measure "
+                             "several side by side")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     args.parallel = args.parallel or max(args.clients)
@@ -308,7 +344,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a server being measured is stopped too
 
     print(cpu_description())
-    print(f"model {args.model or 'the demo model'}" + (f" against {args.gguf}" if args.gguf else ""))
+    print(f"model {args.model or 'the demo model'} on mnngpu's {args.backend or 'default'} backend"
+          + (f" against {args.gguf}" if args.gguf else ""))
     print(f"threads: {args.threads} per server; slots: mnngpu serve "
           f"{f'--parallel {args.parallel}' if parallel else '1 (its serve has no --parallel)'}"
           + (f", llama-server -np {args.parallel}" if args.gguf else ""))
@@ -316,11 +353,14 @@ def main() -> None:
           f"{os.cpu_count()} cores and 1-minute load average {load_average():.1f}", flush=True)
 
     results: dict[str, list[Level]] = {}
-    servers = [("mnngpu serve", lambda: mnngpu_server(args, parallel))]
+    servers = mnngpu_servers(args, parallel)
     if args.gguf:
         servers.append(("llama-server", lambda: llama_server(args)))
     body = request_body(args, special_token_ids(args.model))
     for name, make in servers:
+        if name in results:   # a --prefill-widths given again: one more run, beside the first
+            runs = sum(other.split(" (run ")[0] == name for other in results)
+            name = f"{name} (run {runs + 1})"
         with make() as server:
             results[name] = measure(server, args, body)
         print(f"load average after {name}: {load_average():.1f}", flush=True)
@@ -329,7 +369,10 @@ def main() -> None:
     for name, levels in results.items():
         print("\n".join(table(name, levels)))
     if "llama-server" in results:
-        print("\n".join(ratio_table(results["mnngpu serve"], results["llama-server"])))
+        for name, levels in results.items():
+            if name != "llama-server":
+                print(f"{name}:")
+                print("\n".join(ratio_table(levels, results["llama-server"])))
 
 
 if __name__ == "__main__":

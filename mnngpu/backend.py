@@ -85,6 +85,7 @@ class BackendConfig:
     kvcache_mmap: bool = False  # the KV cache in files under tmp_path
     use_mmap: bool = False      # the weights a backend converts at load in files under tmp_path
     kv_quant: int = 0           # KV cache: 0 float, 1 int8 keys, 2 int8 keys and values (attention_mode)
+    int8_activations: bool = False  # cpu, precision low: the int4 layers' activations in int8, not int16
 
     @property
     def fp32(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ from mnngpu.generation.steps import DecodeSteps
 from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
 from mnngpu.runtime.kv import Segment, Sequence
 from mnngpu.runtime.module import Module, ModuleConfig
-from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
+from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool, prefill_widths
 from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
@@ -197,7 +198,8 @@ class Llm:
         if module_config.base is not None:
             _check_lora_shares_the_base(net, module_config.base, cfg.model_path)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime, net=net)
-        self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length)
+        widths = prefill_widths() if self.runtime.fixed_shape else (PREFILL_LEN,)
+        self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length, widths)
         report("weights packed", 1, 1)
         self._loaded = True
         self.runtime.sequence.context = self.context
@@ -308,12 +310,13 @@ class Llm:
     def _run(self, ids: list[int], all_logits: bool, verify: bool = False) -> np.ndarray:
         """One module forward over `ids` (at most one chunk; with `verify`, the verify module
         and all logits). Returns logits [seq, vocab] with all_logits, else the module's last row
-        [1, vocab]. A fixed-shape backend pads a chunk to PREFILL_LEN rows; the padded rows' keys
-        are overwritten later and never attended to, since KVMeta only adds the real count."""
+        [1, vocab]. A fixed-shape backend pads a chunk to the rows of the smallest prefill module
+        that holds it (ModulePool.width); the padded rows' keys are overwritten later and never
+        attended to, since KVMeta only adds the real count."""
         meta = self.runtime.kv_meta
         seq = len(ids)
         padded = self.runtime.fixed_shape and not verify and not (seq == 1 and not all_logits)
-        rows = PREFILL_LEN if padded else seq
+        rows = self.pool.width(seq) if padded else seq
         module = self.pool.verify() if verify else self.pool.select(seq, all_logits)
         embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
         embeds[:seq, 0] = self._embed(ids)
@@ -375,12 +378,21 @@ class Llm:
 
     def padded_rows(self, count: int) -> int:
         """Rows a forward of `count` ids computes beyond them: on a fixed-shape backend the last
-        prefill chunk is padded up to the module's rows (see forward); none on the CPU."""
+        prefill chunk is padded up to its module's rows (see forward); none on the CPU."""
         if not self.runtime.fixed_shape or count <= 1:
             return 0
         prefilled = count if self.config.all_logits else count - 1
+        pieces = self.pool.pieces(prefilled, self._rows_per_run(count))
+        return sum(self.pool.width(piece) - piece for piece in pieces)
+
+    def _prefill_chunks(self, ids: list[int], count: int) -> list[list[int]]:
+        """`ids` cut into one module forward each; `count` ids in all decide the chunk size. A
+        fixed-shape backend's last short piece goes to its smallest prefill modules that fit (ModulePool.pieces)."""
         size = self._rows_per_run(count)
-        return -(-prefilled // size) * size - prefilled
+        if not self.runtime.fixed_shape:
+            return _chunks(ids, size)
+        pieces = self.pool.pieces(len(ids), size)
+        return [ids[end - piece: end] for end, piece in zip(itertools.accumulate(pieces), pieces)]
 
     def forward(self, ids, all_logits: bool | None = None) -> Logits:
         """Logits [1, 1, vocab] for the last position, or [1, seq, vocab] with all_logits (the
@@ -389,16 +401,15 @@ class Llm:
         ids = self._check_ids(ids)
         self._hidden_parts = []
         all_logits = self.config.all_logits if all_logits is None else all_logits
-        size = self._rows_per_run(len(ids))
         if self.runtime.fixed_shape and not all_logits and len(ids) > 1:
             # In a padded chunk the last real row is not the last row. Prefill all but the last
             # token (the lm_head then runs on one padded row only), and take the last token's
             # logits from the decode module.
-            for chunk in _chunks(ids[:-1], size):
+            for chunk in self._prefill_chunks(ids[:-1], len(ids)):
                 self._run(chunk, all_logits=False)
             logits = self._run(ids[-1:], all_logits=False)
         else:
-            parts = [self._run(chunk, all_logits) for chunk in _chunks(ids, size)]
+            parts = [self._run(chunk, all_logits) for chunk in self._prefill_chunks(ids, len(ids))]
             logits = np.concatenate(parts, axis=0) if all_logits else parts[-1]
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = self.runtime.kv_meta.previous

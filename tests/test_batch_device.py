@@ -1,9 +1,10 @@
-"""Continuous batching on the fixed-shape device backends (vulkan, opencl): several sequences'
+"""Continuous batching on the fixed-shape device backends (vulkan, opencl, cuda): several sequences'
 decode rows in one forward of a fixed-width module. Each greedy reply is the one its prompt gets
 alone, and each sequence's KV cache holds what running alone leaves in it (the idle rows store
-nothing). On Vulkan, whose recorded commands bind one buffer per layer with a region per
-sequence, slots come back when a batch is dropped, and more sequences than a buffer holds is a
-clear error."""
+nothing). On Vulkan and CUDA, whose recorded commands (a CUDA graph) bind one pool per layer with a
+region per sequence, slots come back when a batch is dropped; on Vulkan more sequences than a
+buffer holds is a clear error. Without a backend's device its tests skip with the reason
+(tests.conftest.backend_or_skip); tests/backend/test_batch_cuda.py has CUDA's own."""
 
 from __future__ import annotations
 
@@ -50,9 +51,14 @@ def run_alone(model, ids) -> tuple[list[int], dict]:
     return tokens, caches(model)
 
 
-@pytest.mark.parametrize("backend", ["vulkan", "opencl"])
-@pytest.mark.parametrize("folder, attention_mode", [(DEMO, 8), (GQA, 8), (GQA, 10)],
-                         ids=["demo", "gqa", "gqa-int8-kv"])
+# cuda has no int8 KV cache (attention_mode 10 is a ConfigError there)
+CASES = [(backend, folder, mode) for backend in ("vulkan", "opencl", "cuda")
+         for folder, mode in ((DEMO, 8), (GQA, 8), (GQA, 10)) if not (backend == "cuda" and mode == 10)]
+
+
+@pytest.mark.parametrize("backend, folder, attention_mode", CASES,
+                         ids=[f"{b}-{'demo' if f == DEMO else 'gqa'}{'-int8-kv' if m == 10 else ''}"
+                              for b, f, m in CASES])
 def test_batched_greedy_replies_and_caches_are_each_prompts_alone(backend, folder, attention_mode):
     model = load(folder, backend, attention_mode=attention_mode)
     ids = prompt_ids(model)
@@ -76,10 +82,14 @@ def test_batched_greedy_replies_and_caches_are_each_prompts_alone(backend, folde
                 np.testing.assert_allclose(got[layer][side], want[layer][side], rtol=1e-4, atol=1e-4)
 
 
-def test_idle_vulkan_rows_store_nothing():
+POOLED = ["vulkan", "cuda"]   # one KV pool per layer, a region per sequence
+
+
+@pytest.mark.parametrize("backend", POOLED)
+def test_idle_rows_store_nothing(backend):
     """One sequence decoding in a 4-row module: the 3 idle rows leave every other slot's region as
     it was (zeroed first), and the live row's cache is the one generate() leaves."""
-    model = load(DEMO)
+    model = load(DEMO, backend)
     ids = prompt_ids(model)[0]
     want_tokens, want = run_alone(model, ids)
     batch = Batch(model, slots=4)
@@ -108,8 +118,9 @@ def test_idle_vulkan_rows_store_nothing():
             assert not keys.any() and not values.any()
 
 
-def test_vulkan_slots_come_back_when_a_batch_is_dropped():
-    model = load(DEMO)
+@pytest.mark.parametrize("backend", POOLED)
+def test_slots_come_back_when_a_batch_is_dropped(backend):
+    model = load(DEMO, backend)
     ids = prompt_ids(model)[:4]
     backend = model.runtime.backend()
     for _ in range(2):

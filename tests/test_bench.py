@@ -120,7 +120,7 @@ def test_pg_speeds_are_llm_bench_s_forward_times_without_sampling(monkeypatch):
 
 def test_first_run_and_padded_rows_are_shown(backend_type):
     model = bench.load_model(bench.RuntimeCase(MODEL, backend_type, "high", "low", 1))
-    rows = max(rows for rows, _ in model.pool.modules)   # the prefill module's fixed rows
+    rows = model.pool.width(7)   # rows of the prefill module that takes the 7 prefilled ids
     want = (rows - 7) if model.runtime.fixed_shape else 0  # 8 ids: 7 prefilled, the last decoded
     assert model.padded_rows(8) == want
     result = bench.BenchResult(bench.RuntimeCase(MODEL, backend_type, "high", "low", 1), bench.TestCase(8, 0),

@@ -46,12 +46,13 @@ class _Layer:
         zero_part = np.repeat(zeros.astype(np.float64), block, 1)
         return level_part + zero_part, level_part, zero_part
 
-    def times(self, x: np.ndarray, quantized: bool) -> np.ndarray:
+    def times(self, x: np.ndarray, quantized: bool, levels: int = 32767) -> np.ndarray:
         """x [..., ic] times the layer; quantized: as precision low's integer kernels compute it
-        (x rounded per chunk to int16 steps, the alpha rounded to float16)."""
+        (x rounded per chunk to steps of max|chunk| / levels: int16's, or int8's 127; the alpha
+        rounded to float16)."""
         if not quantized:
             return x @ self.weights.T
-        rows = reference.integer_chunks(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        rows = reference.integer_chunks(x.reshape(-1, x.shape[-1]), levels).reshape(x.shape)
         return rows @ self.level_part.T + x @ self.zero_part.T
 
 
@@ -139,9 +140,14 @@ def test_gemv_gated_twin(kernel):
 
 # rows 1: a decode step; 6: a group of four rows sharing each unpacking, then two; 37: a prefill.
 # oc 40: a lane group of 8 rows padded to 16.
+# xq int16: precision low; int8: with int8_activations (127 levels a chunk, one byte dot per 4 inputs).
+XQ_LEVELS = [(np.int16, 32767), (np.int8, 127)]
+
+
+@pytest.mark.parametrize("xq_type, levels", XQ_LEVELS)
 @pytest.mark.parametrize("rows, block", [(1, 64), (6, 128), (37, 64)])
 @pytest.mark.parametrize("kernel", [lane_kernels.lanes_group, lane_kernels.lanes_group_serial])
-def test_lanes_group_twin(kernel, rows, block):
+def test_lanes_group_twin(kernel, rows, block, xq_type, levels):
     rng = np.random.default_rng(RNG_SEED)
     ic = 256
     layers = [_Layer(rng, oc, ic, 4, block) for oc in (96, 40)]
@@ -150,18 +156,19 @@ def test_lanes_group_twin(kernel, rows, block):
 
     def args():
         return (*_lane_matrices(layers), tuple(bias), kernels.row_spans([96, 40]), xs, block,
-                *lane_kernels.x_buffers(rows, ic, block),
+                *lane_kernels.x_buffers(rows, ic, block, xq_type),
                 (np.empty((rows, 96), np.float32), np.empty((rows, 40), np.float32)))
 
     (compiled, twin), = _both(kernel, args, (10,))
     for m, layer in enumerate(layers):
-        want = layer.times(xs, True) + (bias[m] if bias[m].size else 0)
+        want = layer.times(xs, True, levels) + (bias[m] if bias[m].size else 0)
         reference.assert_close(compiled[m], want, 1e-5)
         reference.assert_close(twin[m], want, 1e-5)
 
 
+@pytest.mark.parametrize("xq_type, levels", XQ_LEVELS)
 @pytest.mark.parametrize("kernel", [lane_kernels.lanes_gated, lane_kernels.lanes_gated_serial])
-def test_lanes_gated_twin(kernel):
+def test_lanes_gated_twin(kernel, xq_type, levels):
     rng = np.random.default_rng(RNG_SEED)
     rows, ic, oc, block = 5, 128, 80, 64
     gate, up = _Layer(rng, oc, ic, 4, block), _Layer(rng, oc, ic, 4, block)
@@ -170,11 +177,11 @@ def test_lanes_gated_twin(kernel):
 
     def args():
         return (*_lane_matrices([gate, up]), (empty, empty), kernels.row_spans([oc, oc]), xs, block,
-                *lane_kernels.x_buffers(rows, ic, block),
+                *lane_kernels.x_buffers(rows, ic, block, xq_type),
                 (np.empty((rows, oc), np.float32), np.empty((rows, oc), np.float32)), np.empty((rows, oc), np.float32))
 
     (compiled, twin), = _both(kernel, args, (11,))
-    want = reference.silu_mul(up.times(xs, True), gate.times(xs, True))
+    want = reference.silu_mul(up.times(xs, True, levels), gate.times(xs, True, levels))
     reference.assert_close(compiled, want, 1e-4)
     reference.assert_close(twin, want, 1e-5)
 
@@ -205,6 +212,31 @@ def test_the_one_thread_lane_kernels_start_no_parallel_loop(gated):
             *lane_kernels.x_buffers(1, ic, block), outs)
     kernel = lane_kernels.lanes_gated_serial if gated else lane_kernels.lanes_group_serial
     assert _parallel_loops(kernel, (*args, np.empty((1, oc), np.float32)) if gated else args) == 0
+
+
+# CPUs without AVX512-VNNI: numba compiles the lane dots for a Haswell (plain vector code), or
+# for AVX512-VL with VNNI (the 256-bit dot instructions AVX-VNNI CPUs have); this CPU runs both.
+_BASE_FEATURES = "+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt,+bmi2"
+LANE_DOT_TARGETS = [(0, _BASE_FEATURES), (256, _BASE_FEATURES + ",+avx512f,+avx512vl,+avx512vnni")]
+
+
+@pytest.mark.parametrize("width, features", LANE_DOT_TARGETS)
+def test_lane_dots_of_cpus_without_512_bit_vnni(tmp_path, width, features):
+    """The lane kernels' other dot-product forms, int16 and int8 x, compiled afresh for such a CPU."""
+    check = textwrap.dedent(f"""
+        import numpy as np
+        from mnngpu.backends.cpu.kernels import intrinsics, lane_kernels
+        from tests import test_jit
+        assert intrinsics.VNNI_WIDTH == {width}, intrinsics.VNNI_WIDTH
+        for xq_type, levels in test_jit.XQ_LEVELS:
+            test_jit.test_lanes_group_twin(lane_kernels.lanes_group, 6, 64, xq_type, levels)
+            test_jit.test_lanes_gated_twin(lane_kernels.lanes_gated, xq_type, levels)
+    """)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_CPU_NAME": "haswell",
+           "NUMBA_CPU_FEATURES": features, jit.ENV_SWITCH: "0"}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900,
+                          check=False, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_pack_groups_twin():

@@ -1,6 +1,7 @@
 """Omni and its surfaces on the Qwen2-VL fixture: the config test that makes one, MNN's mrope positions,
 `mnngpu run --image`, the server's image_url data: URLs, `inspect`'s modules, and one clear error for
-each bad image or missing module.
+each bad image or missing module; Qwen3-VL's position table and deepstack rows; Qwen3.5's image
+prompts (a tower without deepstack before Gated-DeltaNet layers) against HF float64 and MNN.
 
 Truths: the fixture's HuggingFace float64 greedy tokens (tests/conformance/test_vision_model.py
 checks them on every backend), MNN's position rule worked out by hand, and Pillow-made bad files.
@@ -317,3 +318,74 @@ def test_a_graph_without_deepstack_embeds_runs_without_it_whatever_has_deepstack
     qwen3_vl = LlmConfig.load(QWEN3)   # a graph that takes the input still gets it
     assert "deepstack_embeds" in graph_inputs(validate_model(qwen3_vl, DiskEmbedding(
         qwen3_vl.hidden_size, qwen3_vl.embedding_path, qwen3_vl.weight_path, qwen3_vl.tie_embeddings)))
+
+
+# ---- Qwen3.5: Qwen3-VL's tower without deepstack, a hybrid Gated-DeltaNet LLM --------------------------
+
+QWEN3_5 = FIXTURES.parent / "vision" / "qwen3_5_int4"
+
+
+def load_qwen3_5(**settings) -> Omni:
+    model = mnngpu_llm.create(QWEN3_5)
+    model.set_config({"precision": "high", "thread_num": 2, "sampler_type": "greedy", **settings})
+    model.load()
+    return model
+
+
+def test_qwen3_5_image_prompts_give_the_hf_and_mnn_tokens_one_after_another():
+    """Each image prompt after the last one's reset (the recurrent state cleared, which MNN's own
+    reset() does not do): first-step logits within 1e-3 of the std of the HF float64 truth and of
+    MNN's fresh-instance record (the two agree on this family), and both's 16 greedy tokens."""
+    model = load_qwen3_5()
+    assert model.vision.has_deepstack is False and "deepstack_embeds" not in model.graph_inputs
+    ref = json.loads((QWEN3_5 / "reference.json").read_text())
+    assert ref["fresh_instance_per_prompt"]
+    hf_logits, mnn_logits = np.load(QWEN3_5 / "hf_first_logits.npy"), np.load(QWEN3_5 / "first_logits.npy")
+    for k, prompt in enumerate(ref["prompts"]):
+        text = prompt["text"].format(image=QWEN3_5 / "image.png")
+        ids = model.tokenizer_encode(text)
+        assert ids == prompt["ids"] and model.count_prompt_tokens(text) == len(ids)
+        tokens, first = greedy(model, ids, len(prompt["hf_greedy"]))
+        for truth in (hf_logits[k], mnn_logits[k]):
+            assert np.abs(first - truth).max() <= 1e-3 * truth.std(), prompt["text"]
+        assert tokens == prompt["hf_greedy"] == prompt["greedy"], prompt["text"]
+
+
+def test_qwen3_5_image_rows_and_recurrent_state_carry_across_prefill_chunks():
+    """chunk 8 cuts the image's 16 rows over three graph runs, each starting from the state the
+    last one left in the Gated-DeltaNet layers (truth: the HF float64 reference)."""
+    model = load_qwen3_5(chunk=8)
+    ref = json.loads((QWEN3_5 / "reference.json").read_text())
+    hf_logits = np.load(QWEN3_5 / "hf_first_logits.npy")
+    prompt = ref["prompts"][0]
+    tokens, first = greedy(model, model.tokenizer_encode(prompt["text"].format(image=QWEN3_5 / "image.png")), 16)
+    assert np.abs(first - hf_logits[0]).max() <= 1e-3 * hf_logits[0].std()
+    assert tokens == prompt["hf_greedy"]
+
+
+def test_qwen3_5_run_with_image_streams_the_reference_reply(capsys):
+    ref = json.loads((QWEN3_5 / "reference.json").read_text())
+    code = main(["run", str(QWEN3_5), "--image", str(QWEN3_5 / "image.png"), "-p", QUESTION, "-n", "16",
+                 "--sampler", "greedy", "--precision", "high"])
+    out, _ = capsys.readouterr()
+    model = load_qwen3_5()
+    assert code == 0 and out.rstrip("\n") == "".join(model.tokenizer_decode(t) for t in ref["prompts"][0]["hf_greedy"])
+
+
+@pytest.mark.parametrize("llm_folder, vision_folder, message", [
+    (QWEN3_5, QWEN3, "vision graph has a deepstack_feature output but the LLM graph takes no deepstack_embeds"),
+    (QWEN3, QWEN3_5, "LLM graph takes deepstack_embeds but the vision graph has no deepstack_feature output"),
+])
+def test_a_vision_graph_from_another_export_is_one_format_error(tmp_path, llm_folder, vision_folder, message):
+    """Qwen3-VL's tower (with deepstack) beside Qwen3.5's LLM, and the reverse: both 128 wide with
+    an 8x8 position table, so only the deepstack pairing tells them apart."""
+    import shutil
+
+    from mnngpu.errors import ModelFormatError
+
+    folder = copy_model_files(llm_folder, tmp_path, [p.name for p in llm_folder.iterdir() if p.is_file()])
+    for name in ("visual.mnn", "visual.mnn.weight"):
+        shutil.copy2(vision_folder / name, folder / name)
+    with pytest.raises(ModelFormatError, match=message) as caught:
+        mnngpu_llm.create(folder).load()
+    assert caught.value.field == "deepstack_feature"

@@ -5,6 +5,9 @@ A random-weight Qwen2-VL (2 text layers, a 1-block vision tower of width 64) and
 transformers, exported by MNN's real exporter (`llmexport`, offline, telemetry disabled), and
 recorded with MNN's own runtime (tests/mnn_oracle.py): greedy tokens and first-step logits for
 prompts with `<img>…</img>`, and the vision graph's image embeddings for the bundled test image.
+Qwen3-VL and Qwen3.5 (Qwen3-VL's tower without deepstack, before 3 Gated-DeltaNet layers and a
+full-attention layer) follow the same way; Qwen3.5's prompts are each recorded by a fresh MNN
+instance, as MNN 3.6.1's reset() keeps the recurrent state.
 
 Two settings of the export are changed for the recording, and written into the fixture so the
 engine and MNN read the same: image_size 112 (the exporter's 420 makes 225 image tokens; 112 keeps
@@ -64,6 +67,16 @@ VISION_3 = {"depth": 3, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"
             "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.2}
 TEXT_3 = {"num_hidden_layers": 3, "head_dim": 32}
 MROPE_3 = {"mrope_section": [6, 5, 5], "mrope_interleaved": True}
+# Qwen3.5: Qwen3-VL's tower without deepstack mergers, in front of 3 Gated-DeltaNet layers and one
+# full-attention layer whose rotary covers half the head (8 frequencies, interleaved mrope)
+VISION_3_5 = {"depth": 2, "hidden_size": 64, "out_hidden_size": TEXT["hidden_size"], "intermediate_size": 96,
+              "num_heads": 4, "num_position_embeddings": 64, "patch_size": 16, "spatial_merge_size": 2,
+              "temporal_patch_size": 2, "initializer_range": 0.2}
+TEXT_3_5 = {"num_hidden_layers": 4, "head_dim": 32, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4}
+MROPE_3_5 = {"rope_type": "default", "partial_rotary_factor": 0.5, "mrope_section": [4, 2, 2],
+             "mrope_interleaved": True}
 SPECS = {   # fixture name: (family, transformers config class, model class, vision config, text changes, mrope)
     "qwen2_vl_int4": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", VISION, {},
                       {"type": "mrope", "mrope_section": MROPE_SECTION}),
@@ -71,7 +84,11 @@ SPECS = {   # fixture name: (family, transformers config class, model class, vis
                         {"type": "mrope", "mrope_section": MROPE_SECTION}),
     "qwen3_vl_int4": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", VISION_3, TEXT_3,
                       {"rope_type": "default", **MROPE_3}),
+    "qwen3_5_int4": ("qwen3_5", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration", VISION_3_5, TEXT_3_5,
+                     MROPE_3_5),
 }
+# families whose recurrent state MNN 3.6.1's reset() keeps: each prompt is recorded by a fresh MNN
+STATEFUL = {"qwen3_5"}
 # {image} is the fixture's image path at recording and test time
 PROMPTS = [
     "<|im_start|>user\n<img>{image}</img>What is in the picture?<|im_end|>\n<|im_start|>assistant\n",
@@ -82,8 +99,8 @@ PROMPTS = [
 
 
 def block_size(name: str) -> int:
-    """Pixels per merged token side: 2x2 patches of 14 (Qwen3-VL: of 16)."""
-    return 32 if SPECS[name][0] == "qwen3_vl" else 28
+    """Pixels per merged token side: 2x2 patches of 14 (Qwen3-VL and Qwen3.5: of 16)."""
+    return 32 if SPECS[name][0] in ("qwen3_vl", "qwen3_5") else 28
 
 
 def aligned(size: int, unit: int) -> int:
@@ -127,7 +144,10 @@ def build_hf_model(name: str, hf_dir: Path, vocab_size: int) -> None:
     model.generation_config.eos_token_id = eos
     model.save_pretrained(hf_dir)
     saved = json.loads((hf_dir / "config.json").read_text())
-    saved.update({key: saved["text_config"][key] for key in (*TEXT, *text_changes, "vocab_size")})
+    sizes = {key: text[key] for key in (*TEXT, *text_changes, "vocab_size")}
+    # keys transformers consumed without saving them (Qwen3.5's full_attention_interval), which llmexport reads
+    saved["text_config"].update({key: value for key, value in sizes.items() if key not in saved["text_config"]})
+    saved.update(sizes)
     saved.update(rope_theta=1000000.0, rope_scaling=mrope)
     saved["text_config"].update(rope_theta=1000000.0, rope_scaling=mrope)
     (hf_dir / "config.json").write_text(json.dumps(saved, indent=1))
@@ -140,11 +160,27 @@ def set_fixture_settings(dest: Path) -> None:
 def record_mnn(name: str, dest: Path) -> dict:
     image = dest / IMAGE
     prompts = [p.format(image=image) for p in PROMPTS]
-    result = record_oracle(dest, prompts, "--image-embeds", str(image), json.dumps(embed_sizes(name)),
-                           "--image-embeds-out", str(dest / "image_embeds.npz"))
+    embed_args = ("--image-embeds", str(image), json.dumps(embed_sizes(name)),
+                  "--image-embeds-out", str(dest / "image_embeds.npz"))
+    if SPECS[name][0] in STATEFUL:
+        result = record_oracle_fresh(dest, prompts, embed_args)
+    else:
+        result = record_oracle(dest, prompts, *embed_args)
     for prompt, template in zip(result["prompts"], PROMPTS):
         prompt["text"] = template
     return result
+
+
+def record_oracle_fresh(dest: Path, prompts: list[str], embed_args: tuple[str, ...]) -> dict:
+    """record_oracle with one MNN instance (one oracle process) per prompt, as the text fixtures of
+    these families: MNN's reset() keeps a LinearAttention layer's state."""
+    records, logits = [], []
+    for k, text in enumerate(prompts):
+        records.append(record_oracle(dest, [text], *(embed_args if k == 0 else ())))
+        logits.append(np.load(dest / "first_logits.npy")[0])
+    np.save(dest / "first_logits.npy", np.stack(logits))
+    return {"settings": records[0]["settings"], "fresh_instance_per_prompt": True,
+            "prompts": [record["prompts"][0] for record in records]}
 
 
 def mnn_positions(ids: list[int], grids: list[tuple[int, int]]) -> np.ndarray:
@@ -187,9 +223,11 @@ def record_hf_reference(name: str, hf_dir: Path, dest: Path, reference: dict) ->
         linear = read_linear(weights, op.param, op.name)
         if op.name == "/lm/lm_head/Linear":
             target = model.lm_head
-        else:   # /layers.N/self_attn/q_proj/Linear
+        else:   # /layers.N/self_attn/q_proj/Linear (Qwen3.5's linear layers: self_attn/in_proj_qkv, HF's linear_attn)
             layer, block, proj = op.name.strip("/").split("/")[:3]
-            target = getattr(getattr(text_model.layers[int(layer.split(".")[1])], block), proj)
+            decoder = text_model.layers[int(layer.split(".")[1])]
+            module = getattr(decoder, block, None) or decoder.linear_attn
+            target = getattr(module, proj)
         with torch.no_grad():
             target.weight.copy_(torch.from_numpy(linear.dequantize().astype(np.float64)))
             if target.bias is not None:

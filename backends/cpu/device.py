@@ -15,7 +15,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numba
-import numpy as np
 
 # numpy's bundled OpenBLAS names its setter after the wheel's symbol suffix.
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
@@ -98,14 +97,9 @@ class WorkerPool:
             raise
 
 
-@numba.njit(parallel=True, cache=True)
-def _touch(out):
-    for i in numba.prange(out.size):
-        out[i] = i
-
-
 def launch_is_cheap() -> bool:
     """Whether numba's threading layer starts a parallel kernel in microseconds (OpenMP, TBB) rather
-    than in a tenth of a millisecond (workqueue); numba picks the layer at the first launch."""
-    _touch(np.zeros(2, dtype=np.int64))
+    than in a tenth of a millisecond (workqueue); numba picks the layer when it starts its thread
+    pool, which asking its thread count does (no kernel compiled)."""
+    numba.get_num_threads()
     return numba.threading_layer() != "workqueue"

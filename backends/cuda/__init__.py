@@ -3,7 +3,15 @@
 Fixed-shape (MNN's shapeMutable=false): each pool module is resized once, its launches are
 prepared then, and every step replays them; the decode module's launches are captured once
 into a CUDA graph and replayed per token (graph.py). The KV cache lives on the device; per
-step only the graph inputs and the KV length go up and the logits come down.
+step only the graph inputs and the KV places (the step buffer or the rows table) go up and the
+logits come down.
+
+Several sequences (continuous batching), as on Vulkan: each layer's KV cache is one array per side
+with a region per sequence (ops/attention.py KVPool), so the launches prepared once, and the graph
+capturing them, serve every sequence. A sequence takes a slot at its first forward and gives it
+back when dropped; more sequences than slots grow every pool before a run's first launch, and the
+launches are prepared and captured again over the new arrays. A batched decode forward (a module of
+a fixed number of rows) places each row from the rows table; the rows no sequence holds are idle.
 
 A tensor's `device` is a flat cupy array of its storage dtype (memory.py: fp32 at precision
 high, else fp16 or bf16; int32 stays int32), made on first use (`_buffer`), so views can share
@@ -14,6 +22,7 @@ ops/base.py.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 
@@ -22,22 +31,26 @@ from mnngpu.backends.cuda.device import CudaDevice, log
 from mnngpu.backends.cuda.graph import GraphRecorder, Recording
 from mnngpu.backends.cuda.memory import Storage, storage_for
 from mnngpu.backends.cuda.ops import EXECUTIONS
-from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache
+from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache, KVPool, Slot
 from mnngpu.backends.cuda.ops.linear import pack_linear
 from mnngpu.backends.cuda.ops.norm import pack_norm
+from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import ROUTING_OPS
-from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.kv import KVMeta, segments
 
 FLOAT = np.dtype(np.float32)
+ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
+NO_BATCHED_STATE = ("batching a model with recurrent layers (LinearAttention) is not implemented on the cuda "
+                    "backend; use one slot")
 NO_ROUTING = ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAdd run on the CPU backup, "
               "one round trip through the host per MoE layer and step")
 
 
 class CUDABackend(Backend):
     type = "cuda"
-    caps = Capabilities(fixed_shape=True, lacking={**{op: NO_ROUTING for op in ROUTING_OPS},
-                                                   "LinearAttention": NO_DEVICE_KERNEL})
+    caps = Capabilities(fixed_shape=True, batched=True,
+                        lacking={**{op: NO_ROUTING for op in ROUTING_OPS}, "LinearAttention": NO_DEVICE_KERNEL})
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta: KVMeta | None = None, *, storage: Storage | None = None):
@@ -49,8 +62,15 @@ class CUDABackend(Backend):
         self.graphs = GraphRecorder(self.device)
         self.graphs.prepare_run = self._prepare_run
         self.max_tokens = config.max_all_tokens  # KV capacity (+ one prefill chunk of padding)
-        self.kv_length = self.device.empty(1, np.int32)
-        self._kv_length_value: int | None = None
+        self.step = self.device.empty(2, np.int32)   # a one-sequence forward's kept KV length and slot
+        self.rows_table_rows = ROWS_TABLE_ROWS       # a batched forward's (slot, position) per row
+        self.rows_table = self.device.empty(2 * ROWS_TABLE_ROWS, np.int32)
+        self._written: dict[str, bytes] = {}         # what step and rows_table hold now
+        self.kv_pools: dict[int, KVPool] = {}        # layer index -> every sequence's keys and values
+        self.slots = 1                               # sequences each pool has room for
+        self._slots_taken = 0
+        self._free_slots: list[int] = []
+        self._attention_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # recording -> its Attention ops
         self.placeholder = self.device.empty(1, np.float32)  # bound where a kernel's optional buffer is absent
         self._scratch_arrays: dict[str, object] = {}
         self.description = f"cuda on {self.device.name}"
@@ -58,6 +78,17 @@ class CUDABackend(Backend):
                  self.storage.name)
 
     # ---- ops ----------------------------------------------------------------------------------
+    def onCreate(self, inputs, outputs, node):
+        self._refuse_batched_state(node)
+        return super().onCreate(inputs, outputs, node)
+
+    def declined(self, node: Node, inputs: list[Tensor]) -> None:
+        self._refuse_batched_state(node)   # LinearAttention runs on the CPU backup (caps.lacking)
+
+    def _refuse_batched_state(self, node: Node) -> None:
+        if self.batch is not None and node.type == "LinearAttention":
+            raise ConfigError(NO_BATCHED_STATE, field="parallel")
+
     def rearrange(self, node: Node) -> None:
         if node.type == "Convolution" and "weight" in node.weights:
             node.weights["cuda"] = pack_linear(self, node.weights.pop("weight"))
@@ -71,28 +102,98 @@ class CUDABackend(Backend):
         self.graphs.end_resize()
 
     # ---- the KV cache ---------------------------------------------------------------------------
+    def _kv_pool(self, layer: int, kv_heads: int, head_dim: int) -> KVPool:
+        """Layer `layer`'s keys and values of every sequence, made when absent."""
+        pool = self.kv_pools.get(layer)
+        if pool is None:
+            capacity = self.max_tokens + self.config.prefill_len
+            pool = self.kv_pools[layer] = KVPool(self.device, self.storage, kv_heads, head_dim, capacity, self.slots)
+        elif (pool.kv_heads, pool.head_dim) != (kv_heads, head_dim):
+            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
+                                   field="Attention.layer_index")
+        return pool
+
     def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> DeviceKVCache:
-        if layer not in self.kv_caches:
-            self.kv_caches[layer] = DeviceKVCache(self.device, self.storage, kv_heads, head_dim,
-                                                  self.max_tokens + self.config.prefill_len)
-        return self.kv_caches[layer]
+        """The current sequence's cache of `layer`: its slot's region of the layer's pool."""
+        cache = self.kv_caches.get(layer)
+        if cache is None:
+            pool = self._kv_pool(layer, kv_heads, head_dim)
+            slot = next((c.slot for c in self.kv_caches.values()), None) or self._take_slot()
+            cache = self.kv_caches[layer] = DeviceKVCache(pool, slot)
+        elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
+            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
+                                   field="Attention.layer_index")
+        return cache
 
-    def _set_kv_length(self, length: int) -> None:
-        """Tokens kept in front of this step's new ones, for every Attention kernel to read."""
-        if length != self._kv_length_value:
-            with self.device.stream:
-                self.kv_length.set(np.array([length], dtype=np.int32), stream=self.device.stream)
-            self._kv_length_value = length
+    def _take_slot(self) -> Slot:
+        """A free slot for a sequence's caches, the pools grown where every slot is taken."""
+        if self._free_slots:
+            index = min(self._free_slots)
+            self._free_slots.remove(index)
+        else:
+            index = self._slots_taken
+            if index >= self.slots:
+                self._grow_slots(index + 1)
+            self._slots_taken += 1
+        return Slot(index, self._free_slots)
 
-    def _prepare_run(self, recording: Recording) -> None:
-        """Before a run's first launch: room in every KV cache for this step's tokens."""
-        steps = [e.seq for e in recording.executions if isinstance(e, AttentionExecution)]
-        if not steps:
-            return
-        needed = self.kv_meta.kept + max(steps)
-        grown = [cache.ensure(needed) for cache in self.kv_caches.values()]
+    def _grow_slots(self, needed: int) -> None:
+        """Room for `needed` sequences in every pool (doubling); the graphs are captured again."""
+        slots = max(needed, 2 * self.slots)
+        try:
+            for pool in self.kv_pools.values():
+                pool.grow(slots=slots)
+        except MemoryError as exc:   # cupy's OutOfMemoryError
+            capacity = max((pool.capacity for pool in self.kv_pools.values()), default=0)
+            raise ConfigError(f"{slots} sequences' KV caches of {capacity} tokens each do not fit in the memory of "
+                              f"{self.device.name} ({exc}); run fewer sequences at once (--parallel) or lower "
+                              "max_all_tokens", field="parallel") from exc
+        finally:
+            self.graphs.invalidate()   # some pools may have grown before one failed
+        self.slots = slots
+
+    def _room_for(self, tokens: int) -> None:
+        """Room for `tokens` tokens in every slot of every pool (runtime.kv.grown_capacity)."""
+        grown = [pool.grow(tokens=tokens) for pool in self.kv_pools.values()]
         if any(grown):
             self.graphs.invalidate()
+
+    def _set_step(self, past: int, slot: int) -> None:
+        """A one-sequence forward: the tokens kept in front of this step's new ones, and its slot."""
+        self._write("step", self.step, np.array([past, slot], dtype=np.int32))
+
+    def _set_rows(self, places: np.ndarray) -> None:
+        """A batched forward: each row's (slot, position), int32 (rows, 2)."""
+        self._write("rows", self.rows_table, places)
+
+    def _write(self, name: str, target, values: np.ndarray) -> None:
+        """Copy `values` to the front of `target` on the stream, unless it holds them already (every
+        Attention op of a forward writes the same)."""
+        values = np.ascontiguousarray(values, dtype=np.int32).reshape(-1)
+        if self._written.get(name) != values.tobytes():
+            with self.device.stream:
+                target[: values.size].set(values, stream=self.device.stream)
+            self._written[name] = values.tobytes()
+
+    def _prepare_run(self, recording: Recording) -> None:
+        """Before a run's first launch (and before a graph is captured or replayed)."""
+        attention = self._attention_of.get(recording)
+        if attention is None:
+            attention = [e for e in recording.executions if isinstance(e, AttentionExecution)]
+            self._attention_of[recording] = attention
+        if attention:
+            self._make_room(attention)
+
+    def _make_room(self, attention: list[AttentionExecution]) -> None:
+        """Every sequence of the forward holds a slot, and room in every pool for its new rows, so
+        that no array moves mid-run."""
+        needed = 0
+        for segment in segments(self, attention[0].seq):
+            for execution in attention:
+                execution.cache()   # the sequence's slot is taken at its first forward
+            rows = attention[0].seq if segment is None else segment.rows
+            needed = max(needed, self.kv_meta.kept + rows)
+        self._room_for(needed)
 
     # ---- memory -----------------------------------------------------------------------------------
     def _storage_dtype(self, tensor: Tensor) -> np.dtype:

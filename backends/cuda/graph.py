@@ -4,9 +4,11 @@ Each resize (one pool module) makes a Recording of the executions created in it,
 Its first run launches them one by one. At the start of a later run, if every execution can
 be captured (fixed launches only: no cuBLAS, no allocation — the decode pipeline) and no op
 of the pipeline fell back to the CPU, the launches are captured into a cupy.cuda.Graph; from
-then on the executions only do their host-side work (the KV length written to its device
-buffer) and `finish()` launches the graph. Per-step values reach the graph through device
-buffers written on the same stream before the launch: the graph inputs and the KV length.
+then on the executions only do their host-side work (the KV places written to their device
+buffers) and `finish()` launches the graph. Per-step values reach the graph through device
+buffers written on the same stream before the launch: the graph inputs and the KV places (the
+backend's step buffer or rows table). Before a run's first turn the backend makes room in its KV
+pools (`prepare_run`), so that no buffer a graph or a prepared launch binds moves mid-run.
 """
 
 from __future__ import annotations
@@ -59,21 +61,28 @@ class GraphRecorder:
         return self._resizing
 
     # ---- run --------------------------------------------------------------------------------
+    def begin(self, execution) -> None:
+        """An execution's turn in a run, before its host-side work: the first turn of a run prepares
+        it (prepare_run: the KV caches' room) and captures its graph where due."""
+        recording = execution.recording
+        if recording is not None and recording is not self._active:
+            self._start(recording)
+
     def execute(self, execution) -> None:
-        """An execution's turn in a run: launch it now, unless its pipeline replays a graph."""
+        """An execution's turn in a run, after its host-side work: launch it now, unless its
+        pipeline replays a graph."""
         recording = execution.recording
         if recording is None:
             execution.launch()
             return
-        if recording is not self._active:
-            self._start(recording)
+        self.begin(execution)
         if recording.graph is None:
             execution.launch()
 
     def _start(self, recording: Recording) -> None:
+        self.prepare_run(recording)   # first: a run it refuses never starts
         self._active = recording
         recording.runs += 1
-        self.prepare_run(recording)
         if self.enabled and recording.graph is None and recording.runs > 1:
             if recording.capturable:
                 self._capture(recording)

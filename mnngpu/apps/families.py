@@ -32,12 +32,13 @@ SUPPORTED = {
     "qwen3_vl": "Qwen3-VL (text and image input: visual.mnn with its position table and deepstack rows, "
                 "as MNN's Omni)",
     "qwen2_audio": "Qwen2-Audio (text and audio input: audio.mnn on whisper log-mel features, as MNN's Omni)",
-    # LinearAttention (short_conv) keeps a recurrent state on the CPU: the device backends decline it
-    "lfm2": "LFM2 (short-convolution layers with a recurrent state, and attention layers; on the GPU "
-            "backends the convolutions run on the CPU backup)",
-    # LinearAttention (gated_delta_rule) likewise; the exporter's visual.mnn is not run (text only)
+    # LinearAttention (short_conv): its state on the device on opencl and vulkan; cuda declines it
+    "lfm2": "LFM2 (short-convolution layers with a recurrent state, and attention layers; on cuda the "
+            "convolutions run on the CPU backup)",
+    # LinearAttention (gated_delta_rule) likewise; visual.mnn is Qwen3-VL's tower without deepstack
     "qwen3_5": "Qwen3.5 (Gated DeltaNet layers with a recurrent state, and full-attention layers; text "
-               "input; on the GPU backends the DeltaNet layers run on the CPU backup)",
+               "and images (a Qwen3-VL-style tower without deepstack); on cuda the DeltaNet layers run on "
+               "the CPU backup)",
     "qwen3_5_moe": "Qwen3.5 MoE (as Qwen3.5, with routed experts and a gated shared expert)",
     # the ple_embeddings input gets ple_embed_file's rows; the exporter rotates the full layers' partial
     # rotary as the first rotary_dim dims, where HF's proportional rotary pairs dims half a head apart

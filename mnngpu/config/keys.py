@@ -227,6 +227,10 @@ KEYS: dict[str, Key] = {
     "backend_type": _done("cpu, opencl, vulkan or cuda", "cpu", at_load=True),
     "strict_device": _done("mnngpu's own: an op the backend declines is a BackendUnavailableError, "
                            "not a CPU fallback", False),
+    "int8_activations": _done("mnngpu's own: the CPU's int4 layers at precision low quantize their activations to "
+                              "int8 (MNN's memory-low arithmetic: faster prefill and batched decode, logits further "
+                              "from exact) instead of int16; other backends or precisions: a ConfigError", False,
+                              at_load=True),
     "thread_num": _done("CPU threads", 4, POSITIVE, at_load=True),
     "precision": _done("low and normal: fp16 where the backend has it; high: fp32", "low", _one_of(LEVELS),
                        at_load=True),

@@ -388,6 +388,10 @@ class LlmConfig:
         return self.value("strict_device")
 
     @property
+    def int8_activations(self) -> bool:
+        return self.value("int8_activations")
+
+    @property
     def use_mmap(self) -> bool:
         return self.value("use_mmap")
 

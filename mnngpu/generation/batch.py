@@ -118,6 +118,7 @@ class Batch:
         self._calls: deque[tuple[Sequence, Callable, Future]] = deque()
         self._lock = threading.Condition()
         self._closed = False
+        self._stepper: threading.Thread | None = None   # the thread that steps, once run() or serve() starts
 
     # ---- any thread ------------------------------------------------------------------------------
     def submit(self, ids, max_new_tokens: int | None = None, sampler=None, on_token=None, stop_ids=None,
@@ -139,7 +140,7 @@ class Batch:
     def call(self, sequence: Sequence, fn: Callable[[], object]) -> object:
         """Run fn() between steps with `sequence` current on the Llm (a forward, a reset, the prefix
         cache) and return what it returns; from the stepping thread itself, at once."""
-        if threading.current_thread() is getattr(self, "_stepper", None):
+        if threading.current_thread() is self._stepper:
             self.llm.use_sequence(sequence)
             return fn()
         future: Future = Future()

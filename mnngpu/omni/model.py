@@ -11,6 +11,7 @@ vision token and vision_end; its rows replace the image_pad rows at the next for
 whose positions are MNN's mrope positions (text: one index on all three axes; an image: time,
 row and column of its merged grid). A Qwen3-VL graph also takes deepstack_embeds [3, seq, hidden]:
 the vision graph's deepstack features at an image's rows, zeros elsewhere and on decode steps.
+Qwen3.5's graphs (a Qwen3-VL tower without deepstack, a hybrid Gated-DeltaNet LLM) take none.
 A prompt names a WAV file as `<audio>PATH</audio>`: it becomes audio_start (when the config has
 one), one audio_pad per audio token and audio_end (likewise), its rows taking the audio_pad rows
 and text positions. Speech output is not implemented.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -111,9 +113,21 @@ class Omni(Llm):
             model_path, module = self._load_module("is_visual", "visual_model", "visual.mnn", runtime)
             self.vision = VisionEncoder(module, cfg.hidden_size, cfg.get("image_mean"), cfg.get("image_norm"),
                                         model_path, cfg.get("num_grid_per_side"))
+            self._check_deepstack_pairing(model_path)
         if cfg.get("is_audio"):
             model_path, module = self._load_module("is_audio", "audio_model", "audio.mnn", runtime)
             self.audio = AudioEncoder(module, cfg.hidden_size, model_path)
+
+    def _check_deepstack_pairing(self, vision_path: Path) -> None:
+        """The LLM graph takes deepstack_embeds exactly when the vision graph makes deepstack features
+        (Qwen3-VL: both; Qwen3.5: neither, whatever its has_deepstack says)."""
+        takes = "deepstack_embeds" in self.graph_inputs
+        if takes != self.vision.has_deepstack:
+            have, lack = (("the LLM graph takes deepstack_embeds", "the vision graph has no deepstack_feature output")
+                          if takes else ("the vision graph has a deepstack_feature output",
+                                         "the LLM graph takes no deepstack_embeds"))
+            raise ModelFormatError(f"{have} but {lack}: the two graphs come from different exports",
+                                   path=vision_path, field="deepstack_feature")
 
     def _load_module(self, flag: str, key: str, default: str, runtime: RuntimeManager):
         """(path, module) of a processor graph (visual.mnn, audio.mnn) on the processor runtime."""

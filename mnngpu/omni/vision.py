@@ -8,9 +8,9 @@ The steps follow MNN's Omni (transformers/llm/engine/src/omni.cpp, version 3.6.1
 the target size is the configured image_size (or a prompt's <hw>h,w</hw>) rounded to a multiple of
 patch_size * merge_size; MNN's bilinear resize (half-pixel centres, edge clamped, rounded to uint8);
 (pixel - image_mean) * image_norm per RGB channel; the frame twice (temporal_patch_size 2) cut
-into 14x14 patches (Qwen3-VL: 16x16) ordered by 2x2 merge blocks; each patch's (row, column) for
-the rotary table; and for Qwen3-VL each patch's four nearest cells of the learned position table
-with their bilinear weights. Decoding is Pillow's; nothing is fetched from a network.
+into 14x14 patches (Qwen3-VL, Qwen3.5: 16x16) ordered by 2x2 merge blocks; each patch's (row, column)
+for the rotary table; and for Qwen3-VL and Qwen3.5 each patch's four nearest cells of the learned
+position table with their bilinear weights (Qwen3.5's tower is Qwen3-VL's without deepstack features). Decoding is Pillow's; nothing is fetched from a network.
 """
 
 from __future__ import annotations
@@ -189,6 +189,7 @@ class EncodedImage(NamedTuple):
     rows: np.ndarray                 # float32 [tokens, hidden], one row per image_pad
     grid: tuple[int, int]            # the merged grid (rows, columns)
     deepstack: np.ndarray | None     # Qwen3-VL: float32 [layers, tokens, hidden], added after the first layers
+                                     # (None for a tower without deepstack mergers: Qwen3.5's)
 
 
 class VisionEncoder:
@@ -196,26 +197,38 @@ class VisionEncoder:
 
     INPUTS = ("patches", "position_ids", "attention_mask")
     WINDOWED = (*INPUTS, "window_index")   # Qwen2.5-VL
-    POSITION_TABLE = (*INPUTS, "idx_tensor", "weight_tensor")   # Qwen3-VL
+    POSITION_TABLE = (*INPUTS, "idx_tensor", "weight_tensor")   # Qwen3-VL, Qwen3.5
+    OUTPUTS = ("image_embeds",)
+    DEEPSTACK_OUTPUTS = ("image_embeds", "deepstack_feature")    # Qwen3-VL; Qwen3.5's tower has no deepstack
 
     def __init__(self, module, hidden_size: int, mean, norm, model_path: Path, num_grid_per_side=None):
         names = tuple(module.input_names)
         if names not in (self.INPUTS, self.WINDOWED, self.POSITION_TABLE):
-            raise ModelFormatError(f"a Qwen2-VL, Qwen2.5-VL or Qwen3-VL vision graph (inputs {list(self.INPUTS)}, "
-                                   f"or with window_index, or with idx_tensor and weight_tensor), got {list(names)}: "
-                                   "other vision encoders are not implemented", path=model_path, field="inputs")
+            raise ModelFormatError(f"a Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 vision graph (inputs "
+                                   f"{list(self.INPUTS)}, or with window_index, or with idx_tensor and weight_tensor), "
+                                   f"got {list(names)}: other vision encoders are not implemented", path=model_path,
+                                   field="inputs")
+        self.has_deepstack = self._has_deepstack(tuple(module.pipeline_module.output_names), names, model_path)
         self.windowed = names == self.WINDOWED
         self.num_grid = None
         if names == self.POSITION_TABLE:
             if not isinstance(num_grid_per_side, int) or num_grid_per_side < 2:
-                raise ModelFormatError(f"a Qwen3-VL vision graph needs num_grid_per_side (an integer >= 2) in "
-                                       f"llm_config.json, got {num_grid_per_side!r}", path=model_path,
+                raise ModelFormatError(f"a Qwen3-VL or Qwen3.5 vision graph needs num_grid_per_side (an integer "
+                                       f">= 2) in llm_config.json, got {num_grid_per_side!r}", path=model_path,
                                        field="num_grid_per_side")
             self.num_grid = num_grid_per_side
         self.patch = QWEN3_PATCH_SIZE if self.num_grid else PATCH_SIZE
         self.module = module
         self.hidden_size = hidden_size
         self.mean, self.norm = mean, norm
+
+    def _has_deepstack(self, outputs: tuple[str, ...], inputs: tuple[str, ...], model_path: Path) -> bool:
+        """Whether the graph also gives deepstack features: only a position-table graph may (Qwen3-VL's)."""
+        allowed = (self.OUTPUTS, self.DEEPSTACK_OUTPUTS) if inputs == self.POSITION_TABLE else (self.OUTPUTS,)
+        if outputs not in allowed:
+            raise ModelFormatError(f"a vision graph with outputs {' or '.join(str(list(o)) for o in allowed)}, got "
+                                   f"{list(outputs)}", path=model_path, field="outputName")
+        return outputs == self.DEEPSTACK_OUTPUTS
 
     def align(self, height: int, width: int) -> tuple[int, int]:
         """A requested size rounded as MNN 3.6.1 rounds it for this graph's patch size."""
@@ -234,13 +247,12 @@ class VisionEncoder:
                  "attention_mask": np.zeros((1, count, count), dtype=np.float32)}
         if self.windowed:
             feeds["window_index"], feeds["attention_mask"] = window_layout(grid_h, grid_w)
-        wanted = ["image_embeds"]
         if self.num_grid:
             feeds["idx_tensor"], feeds["weight_tensor"] = position_table_lookup(self.num_grid, grid_h, grid_w)
-            wanted.append("deepstack_feature")
-        outputs = self.module.forward(feeds, wanted)
+        wanted = self.DEEPSTACK_OUTPUTS if self.has_deepstack else self.OUTPUTS
+        outputs = self.module.forward(feeds, list(wanted))
         embeds = np.asarray(outputs[0], dtype=np.float32).reshape(-1, self.hidden_size)
         deepstack = None
-        if self.num_grid:
+        if self.has_deepstack:
             deepstack = np.asarray(outputs[1], dtype=np.float32).reshape(-1, embeds.shape[0], self.hidden_size)
         return EncodedImage(embeds, (grid_h // MERGE_SIZE, grid_w // MERGE_SIZE), deepstack)

@@ -189,8 +189,7 @@ class HostStateCache:
         return {name: part.copy() for name, part in self.parts.items()}
 
     def write(self, parts: dict[str, np.ndarray]) -> None:
-        if {name: np.shape(part) for name, part in parts.items()} != self.shapes:
-            raise ValueError(f"a state of {self.shapes}, got {({n: np.shape(p) for n, p in parts.items()})}")
+        check_state_parts(self.shapes, parts)
         for name, part in parts.items():
             self.parts[name][...] = part
         self.forget()
@@ -199,6 +198,111 @@ class HostStateCache:
         for part in self.parts.values():
             part[...] = 0.0
         self.forget()
+
+
+class DeviceStateCache:
+    """What a device backend's StateCache shares (backends/<name>/state.py): the float32 parts in
+    device buffers, and what takes a verify forward back: the parts as they were before it
+    (`before`) and its real input rows, which the kernels copy into `saved` (qkv, and gate and beta
+    for the gated delta rule). A subclass makes, sizes, fills and copies its device's buffers."""
+
+    def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]]):
+        self.backend = backend
+        self._shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        self.parts = {name: self._new(shape) for name, shape in self._shapes.items()}
+        self.before: dict = {}
+        self.saved: dict = {}      # "qkv", and "gate", "beta" for the gated delta rule
+        self.saved_rows = 0        # rows `saved` has room for
+        self.undo_rows = 0         # real rows of the last forward, where it was a verify
+
+    @classmethod
+    def adopt(cls, backend: Backend, name: str, shapes: dict[str, tuple[int, ...]]):
+        """The device state of op `name`: made zero where absent; where the prefix cache wrote host
+        parts before the op first ran (write_states), those parts moved onto the device."""
+        state = backend.state_caches.get(name)
+        if isinstance(state, cls):
+            return state
+        device = cls(backend, shapes)
+        if state is None:
+            device.reset()
+        else:
+            device.write(state.read())
+        backend.state_caches[name] = device
+        return device
+
+    # ---- what a device does ------------------------------------------------------------------------
+    def _new(self, shape: tuple[int, ...]):
+        """A float32 buffer of `shape`."""
+        raise NotImplementedError
+
+    def _new_rows(self, rows: int, width: int):
+        """A buffer of `rows` saved input rows of `width` values."""
+        raise NotImplementedError
+
+    def _buffer_bytes(self, buffer) -> int:
+        raise NotImplementedError
+
+    def _write(self, parts: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def _zero(self) -> None:
+        raise NotImplementedError
+
+    def _copy(self, source: dict, target: dict) -> None:
+        """Each part's buffer in `source` copied into its buffer in `target`."""
+        raise NotImplementedError
+
+    # ---- the StateCache protocol (read is the device's) ----------------------------------------------
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._shapes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(self._buffer_bytes, (*self.parts.values(), *self.before.values(), *self.saved.values())))
+
+    @property
+    def undoable(self) -> int:
+        return self.undo_rows
+
+    def write(self, parts: dict[str, np.ndarray]) -> None:
+        check_state_parts(self._shapes, parts)
+        self._write(parts)
+        self.forget()
+
+    def reset(self) -> None:
+        self._zero()
+        self.forget()
+
+    # ---- taking a verify forward back -----------------------------------------------------------------
+    def room_for_rows(self, rows: int, widths: dict[str, int]) -> None:
+        """Make `saved` hold `rows` rows of each input (width: values per row); the before-parts too."""
+        if rows <= self.saved_rows:
+            return
+        self.saved = {name: self._new_rows(rows, width) for name, width in widths.items()}
+        self.saved_rows = rows
+        self.before = {name: self._new(shape) for name, shape in self._shapes.items()}
+
+    def remember(self, rows: int) -> None:
+        """The coming forward is a verify block of `rows` real rows: keep the parts as they are now
+        (its kernels save the rows themselves)."""
+        self._copy(self.parts, self.before)
+        self.undo_rows = rows
+
+    def restore(self) -> None:
+        """The parts as they were before the last verify forward."""
+        self._copy(self.before, self.parts)
+        self.forget()
+
+    def forget(self) -> None:
+        self.undo_rows = 0
+
+
+def check_state_parts(shapes: dict[str, tuple[int, ...]], parts: dict[str, np.ndarray]) -> None:
+    """A StateCache.write's check: exactly the parts of `shapes`, each of its shape."""
+    got = {name: np.shape(part) for name, part in parts.items()}
+    if got != shapes:
+        raise ValueError(f"a state of {shapes}, got {got}")
 
 
 class Sequence:

@@ -4,33 +4,93 @@ As in MNN: the prefill module is keyed (prefill_len, all_logits), the decode mod
 clone keyed (1, False), and a speculative strategy adds a verify clone keyed
 (verify_length, True) that returns every row's logits. Clones share the packed weights and the
 KV cache. A fixed-shape backend resizes each one once; prompts are then fed in chunks of
-prefill_len, and a verify block is always verify_length ids.
+prefill_len, and a verify block is always verify_length ids. There a short prompt, or a
+prompt's last short piece, runs through the smallest of the prefill widths that holds it
+(prefill_widths) rather than being padded to prefill_len rows.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
+
+from mnngpu.errors import ConfigError
 
 # NetModule only names a type here: schedule.py reads PREFILL_LEN, and module.py imports schedule.
 if TYPE_CHECKING:
     from mnngpu.runtime.module import NetModule
 
 PREFILL_LEN = 100   # rows of a prefill chunk; schedule.py hands it to the backends (prefill_len)
+SMALL_PREFILL_LEN = 32   # rows of the short prefill module of a fixed-shape backend
+WIDTHS_ENV = "MNNGPU_PREFILL_WIDTHS"   # e.g. "16,100"; "100" pads every chunk to PREFILL_LEN rows
+# What one more forward costs beyond its rows, in rows: on lavapipe a forward's fixed cost is that of
+# about 5 rows; a GPU's launches cost more. Two 32-row forwards (80) beat one of 100 rows (108).
+FORWARD_ROWS = 8
+
+
+def prefill_widths() -> tuple[int, ...]:
+    """The rows of a fixed-shape backend's prefill modules, smallest first, PREFILL_LEN the largest
+    (the KV cache is padded for it): SMALL_PREFILL_LEN and PREFILL_LEN unless WIDTHS_ENV lists others."""
+    wanted = os.environ.get(WIDTHS_ENV)
+    if wanted is None:
+        return (SMALL_PREFILL_LEN, PREFILL_LEN)
+    try:
+        widths = {int(part) for part in wanted.split(",")}
+    except ValueError:
+        widths = set()
+    if not widths or not all(2 <= width <= PREFILL_LEN for width in widths):
+        raise ConfigError(f"{wanted!r}: expected comma-separated row counts from 2 to {PREFILL_LEN}",
+                          field=WIDTHS_ENV)
+    return tuple(sorted(widths | {PREFILL_LEN}))
+
+
+def saved_rows_room(seq: int) -> int:
+    """The rows a recurrent layer keeps room to save in a fixed-shape module of `seq` rows that may
+    run a verify block (ops.linear_attention.saves_verify_rows): at least the largest short prefill
+    width, since such a module cannot be told from the verify module by its rows. The recorded
+    kernels bind the saved-row buffers, so all of them then bind the same ones, whichever resizes first."""
+    return max([seq, *(width for width in prefill_widths() if width < PREFILL_LEN)])
 
 
 class ModulePool:
-    def __init__(self, prefill: NetModule, all_logits: bool, verify_length: int = 0):
+    def __init__(self, prefill: NetModule, all_logits: bool, verify_length: int = 0,
+                 widths: tuple[int, ...] = (PREFILL_LEN,)):
         self.modules: dict[tuple[int, bool], NetModule] = {(PREFILL_LEN, all_logits): prefill,
                                                            (1, False): prefill.clone()}
         self.all_logits = all_logits
         self.verify_length = verify_length
+        self.widths = widths
         if verify_length:
             self.modules[(verify_length, True)] = prefill.clone()
+        for width in widths:   # every module made now, so the load-time placement covers them all
+            self.modules.setdefault((width, all_logits), prefill.clone())
+
+    def width(self, seq_len: int) -> int:
+        """The rows of the prefill module that runs `seq_len` ids: the smallest width that holds
+        them (a shape-mutable backend has the one width, and its module takes any length)."""
+        return next((width for width in self.widths if width >= seq_len), self.widths[-1])
+
+    def pieces(self, count: int, size: int) -> list[int]:
+        """How many ids each forward of a fixed-shape prefill of `count` ids takes: chunks of `size`
+        (the last one shorter), each cut into pieces of the one width that computes it cheapest
+        (padded rows plus FORWARD_ROWS a forward; on a tie the fewer forwards)."""
+        whole, rest = divmod(count, size)
+        chunks = [size] * whole + ([rest] if rest else [])
+        return [piece for chunk in chunks for piece in self._split(chunk)]
+
+    def _split(self, chunk: int) -> list[int]:
+        def cost(step: int) -> tuple[int, int]:
+            forwards = -(-chunk // step)
+            return forwards * (self.width(step) + FORWARD_ROWS), forwards
+
+        step = min(sorted({min(width, chunk) for width in self.widths}), key=cost)
+        forwards = -(-chunk // step)
+        return [step] * (forwards - 1) + [chunk - step * (forwards - 1)]
 
     def select(self, seq_len: int, all_logits: bool) -> NetModule:
         if seq_len == 1 and not all_logits:
             return self.modules[(1, False)]
-        key = (PREFILL_LEN, all_logits)
+        key = (self.width(seq_len), all_logits)
         if key not in self.modules:
             self.modules[key] = self.modules[(1, False)].clone()
         return self.modules[key]

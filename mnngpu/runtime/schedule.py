@@ -39,7 +39,8 @@ class RuntimeManager:
         backend = BackendConfig(precision=config.precision, power=config.power, memory=config.memory,
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
                                 strict_device=config.strict_device, kv_quant=_kv_quant(config),
-                                prefill_len=PREFILL_LEN, **_mapped_files(config))
+                                int8_activations=_int8_activations(config), prefill_len=PREFILL_LEN,
+                                **_mapped_files(config))
         manager = cls(ScheduleConfig(config.backend_type, backend))
         manager.kv_meta.attn_scale = config.attn_scale or 0.0
         return manager
@@ -123,6 +124,15 @@ def _mapped_files(config) -> dict:
         return {}
     needed_by = " and ".join(key for key, value in wanted.items() if value)
     return {**wanted, "tmp_path": str(config.writable_folder("tmp_path", needed_by))}
+
+
+def _int8_activations(config) -> bool:
+    """The key as set; only the CPU's int4 lane kernels (precision low) have an int8 path."""
+    if config.int8_activations and (config.backend_type != "cpu" or config.precision != "low"):
+        raise ConfigError(f"true needs backend_type cpu and precision low (the CPU's int4 kernels quantize "
+                          f"activations only there), got {config.backend_type} at precision {config.precision}",
+                          path=config.origin("int8_activations"), field="int8_activations")
+    return bool(config.int8_activations)
 
 
 def _kv_quant(config) -> int:

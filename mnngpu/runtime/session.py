@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnngpu.backend import Backend, Tensor
-from mnngpu.errors import InputError
+from mnngpu.errors import InputError, ModelFormatError
 from mnngpu.runtime import placement
 from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.pipeline import Pipeline
@@ -95,6 +95,9 @@ class Session:
         pipeline.run()
         results = []
         for name in wanted:
+            if name not in self.outputs:
+                raise ModelFormatError(f"the graph has no output {name!r} (its outputs: {list(self.outputs)})",
+                                       field="outputName")
             tensor = tensors[self.outputs[name]]
             holder = pipeline.backend_of(tensor)
             results.append(tensor.host if holder is None else holder.download(tensor))

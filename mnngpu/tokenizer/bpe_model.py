@@ -216,16 +216,21 @@ class BpeWords:
         else:
             self._byte_ids = np.full(256, NO_ID, np.int64)
         self._byte_ids_complete = bool((self._byte_ids != NO_ID).all())
-        self._pair_table(vocab, merges)
+        # each merge's (left, right, merged) ids; their hash table is built at the first call, so that
+        # a run whose kernels are not compiled yet (mnngpu/jit.py) compiles none of its own for it
+        self._merge_ids = (np.array([vocab[a] for a, _ in merges], np.int64),
+                           np.array([vocab[b] for _, b in merges], np.int64),
+                           np.array([vocab[a + b] for a, b in merges], np.int64))
+        self._pair_table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _pair_table(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
-        lefts = np.array([vocab[a] for a, _ in merges], np.int64)
-        rights = np.array([vocab[b] for _, b in merges], np.int64)
-        news = np.array([vocab[a + b] for a, b in merges], np.int64)
-        slots = 1 << max(4, (2 * len(merges)).bit_length())
-        self._keys = np.full(slots, -1, np.int64)
-        self._ranks, self._new_ids = np.zeros(slots, np.int64), np.zeros(slots, np.int64)
-        _build_pair_table(lefts, rights, news, self._vocab_size, self._keys, self._ranks, self._new_ids)
+    def _pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, ranks, new ids) of the merges' open-addressing table, keyed left * vocab_size + right."""
+        if self._pair_table is None:
+            slots = 1 << max(4, (2 * len(self._merge_ids[0])).bit_length())
+            keys, ranks, new_ids = np.full(slots, -1, np.int64), np.zeros(slots, np.int64), np.zeros(slots, np.int64)
+            _build_pair_table(*self._merge_ids, self._vocab_size, keys, ranks, new_ids)
+            self._pair_table = keys, ranks, new_ids
+        return self._pair_table
 
     @classmethod
     def for_model(cls, model_state: bytes, byte_level: bool) -> BpeWords | None:
@@ -250,4 +255,4 @@ class BpeWords:
 
     def __call__(self, cp_pool: np.ndarray, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _encode_spans(cp_pool, spans, self._byte_level, self._byte_fallback, self._char_ids, self._byte_ids,
-                             self._unk_id, self._fuse_unk, self._keys, self._ranks, self._new_ids, self._vocab_size)
+                             self._unk_id, self._fuse_unk, *self._pairs(), self._vocab_size)

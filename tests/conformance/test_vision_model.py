@@ -1,4 +1,4 @@
-"""The Qwen2-VL, Qwen2.5-VL and Qwen3-VL fixtures (tools/make_vision_fixture.py) on every backend.
+"""The Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 fixtures (tools/make_vision_fixture.py) on every backend.
 
 * image embeddings (and Qwen3-VL's deepstack features): visual.mnn run by the engine against MNN's
   runtime on MNN-made patches, within 1e-3 of their std, at the config's image_size and at a

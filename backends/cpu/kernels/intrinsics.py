@@ -63,6 +63,9 @@ _V16I32 = ir.VectorType(_I32, 16)
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _V16F32 = ir.VectorType(_F32, 16)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+_V64I8 = ir.VectorType(ir.IntType(8), 64)
+_V64I32 = ir.VectorType(_I32, 64)
 _V16F16 = ir.VectorType(ir.HalfType(), 16)
 _ZEROS16 = ir.Constant(_V16F32, [0.0] * 16)
 
@@ -138,6 +141,27 @@ def _lane_dot(builder, acc, words, pair):
     return builder.add(acc, builder.add(even, odd))
 
 
+def _lane_dot_bytes(builder, acc, codes, quad):
+    """acc (16 x int32) plus, in each lane l, the dot of its 4 unsigned code bytes with the 4 signed
+    int8 inputs of `quad` (one i32): VNNI's unsigned-by-signed byte dot (vpdpbusd)."""
+    quads = _splat(builder, quad, _V16I32)
+    if VNNI_WIDTH == 512:
+        dot_type = ir.FunctionType(_V16I32, [_V16I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(dot, [acc, codes, quads])
+    if VNNI_WIDTH == 256:
+        dot_type = ir.FunctionType(_V8I32, [_V8I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpbusd.256")
+        low, high = (builder.call(dot, [a, c, q]) for a, c, q in zip(
+            _halves(builder, acc), _halves(builder, codes), _halves(builder, quads)))
+        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    product = builder.mul(builder.zext(builder.bitcast(codes, _V64I8), _V64I32),
+                          builder.sext(builder.bitcast(quads, _V64I8), _V64I32))
+    parts = [builder.shuffle_vector(product, product, ir.Constant(_V16I32, list(range(start, 64, 4))))
+             for start in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+
+
 # numba's fastmath pass gives every float add and multiply that has no flag the "fast" flags, which
 # let LLVM reassociate them, and it may do so differently where a kernel handles one row or four.
 # A flag of our own ("no signed zeros", which changes no finite result) keeps these exact, so a
@@ -182,22 +206,46 @@ def _chunk_dots(builder, chunk_ptr, chunk, rows) -> list:
                 way = (2 * step + half) % ways
                 x_pair = _load(builder, row.xq, builder.add(x_chunk, ir.Constant(_I64, 8 * step + 4 * half)), _I32)
                 sums[r][way] = _lane_dot(builder, sums[r][way], words, x_pair)
-    totals = []
-    for partial in sums:
-        while len(partial) > 1:
-            partial = [builder.add(a, b) for a, b in zip(partial[::2], partial[1::2])] + partial[len(partial) // 2 * 2:]
-        totals.append(partial[0])
-    return totals
+    return [_added(builder, partial) for partial in sums]
+
+
+_LOW_NIBBLES = ir.Constant(_V16I32, [0x0F0F] * LANES)
+_HIGH_NIBBLES = ir.Constant(_V16I32, [0x0F0F0000] * LANES)
+
+
+def _chunk_dots_bytes(builder, chunk_ptr, chunk, rows) -> list:
+    """_chunk_dots for int8 x: a step's two code bytes of lane l (b0 = codes of inputs 4s and 4s+2,
+    b1 = of 4s+1 and 4s+3, low nibble first) become the lane's 4 code bytes in input order,
+    (b0 & 15, b1 & 15, b0 >> 4, b1 >> 4), with two masks and a shift of the zero-extended word;
+    one byte dot then takes all four inputs of the step, half the int16 path's dot instructions."""
+    ways = max(2, DOT_CHAINS // len(rows))
+    sums = [[ir.Constant(_V16I32, [0] * LANES)] * ways for _ in rows]
+    x_chunk = builder.mul(chunk, ir.Constant(_I64, QUANT_CHUNK))
+    for step in range(GROUP_CHUNK_BYTES // STEP_BYTES):
+        words = builder.zext(_load(builder, chunk_ptr, STEP_BYTES * step, _V16I16), _V16I32)
+        codes = builder.or_(builder.and_(words, _LOW_NIBBLES),
+                            builder.and_(builder.shl(words, ir.Constant(_V16I32, [12] * LANES)), _HIGH_NIBBLES))
+        for r, row in enumerate(rows):
+            quad = _load(builder, row.xq, builder.add(x_chunk, ir.Constant(_I64, 4 * step)), _I32)
+            sums[r][step % ways] = _lane_dot_bytes(builder, sums[r][step % ways], codes, quad)
+    return [_added(builder, partial) for partial in sums]
+
+
+def _added(builder, vectors: list):
+    """The integer vectors added pairwise."""
+    while len(vectors) > 1:
+        vectors = [builder.add(a, b) for a, b in zip(vectors[::2], vectors[1::2])] + vectors[len(vectors) // 2 * 2:]
+    return vectors[0]
 
 
 def _scalar(builder, base, index):
     return _load(builder, base, builder.mul(index, ir.Constant(_I64, 4)), _F32, align=4)
 
 
-def _group_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers) -> list:
+def _group_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_pointers, chunk_dots) -> list:
     """A lane group of an int4 matrix times each input row at precision low, 16 output rows at once:
         out[l] = sum_c scale_b(c)[l] * xscale_c * dot_c[l]  +  sum_b (k * scale_b[l] + min_b[l]) * xsum_b
-    where chunk c is 64 inputs, x is int16 with one step per chunk, and dot_c[l] lane l's integer
+    where chunk c is 64 inputs, x is int16 (or int8) with one step per chunk, and dot_c[l] lane l's integer
     dot product. The codes are unpacked once for all the rows. Every step of a row is the same
     whatever the number of rows, so its float result is too."""
     rows = [_XRow(builder, pointers) for pointers in x_pointers]
@@ -215,7 +263,7 @@ def _group_sums(builder, code_ptr, alpha_ptr, k, chunks_per_block, blocks, x_poi
             c = builder.add(builder.mul(b, chunks_per_block), chunk_loop.index)
             chunk_ptr = builder.gep(code_ptr, [builder.mul(c, ir.Constant(_I64, GROUP_CHUNK_BYTES))])
             _prefetch_lines(builder, chunk_ptr, PREFETCH_BYTES, GROUP_CHUNK_BYTES // CACHE_LINE)
-            for row, dot in zip(rows, _chunk_dots(builder, chunk_ptr, c, rows)):
+            for row, dot in zip(rows, chunk_dots(builder, chunk_ptr, c, rows)):
                 factor = builder.fmul(scales, _splat(builder, _scalar(builder, row.xscale, c), _V16F32),
                                       flags=_EXACT)
                 builder.store(_vector_fma(builder, builder.sitofp(dot, _V16F32), factor, builder.load(row.dots)),
@@ -247,14 +295,16 @@ def _store_lanes(builder, values, row_ptr, column, valid) -> None:
 
 
 def _group_intrinsic(count: int):
-    """group{count}_u4_s16(codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out,
-    column, valid): rows first..first+count-1 of x (xq int16 [rows, ic], xscale [rows, chunks],
+    """group{count}_u4(codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out,
+    column, valid): rows first..first+count-1 of x (xq int16 or int8 [rows, ic], xscale [rows, chunks],
     xsum [rows, blocks]) times lane group `group` of the matrix (codes uint8 [groups, chunks, 512],
     alpha float16 bits [groups, blocks, 32]), its `valid` outputs stored at out[row, column:]."""
 
-    def group_u4_s16(typingctx, codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out, column,
+    def group_u4(typingctx, codes, alpha, group, k, chunks_per_block, xq, xscale, xsum, first, out, column,
                      valid):
         if not all(isinstance(a, types.Array) for a in (codes, alpha, xq, xscale, xsum, out)):
+            return None
+        if xq.dtype not in (types.int16, types.int8):
             return None
 
         def codegen(context, builder, signature, args):
@@ -269,7 +319,8 @@ def _group_intrinsic(count: int):
                 out_rows.append(_data_pointer(context, builder, signature.args[9], args[9], row))
             xsum_shape = cgutils.unpack_tuple(builder, context.make_array(signature.args[7])(
                 context, builder, args[7]).shape, 2)
-            sums = _group_sums(builder, code_ptr, alpha_ptr, k_value, args[4], xsum_shape[1], x_pointers)
+            chunk_dots = _chunk_dots_bytes if signature.args[5].dtype == types.int8 else _chunk_dots
+            sums = _group_sums(builder, code_ptr, alpha_ptr, k_value, args[4], xsum_shape[1], x_pointers, chunk_dots)
             for values, out_row in zip(sums, out_rows):
                 _store_lanes(builder, values, out_row, args[10], args[11])
             return context.get_dummy_value()
@@ -277,12 +328,12 @@ def _group_intrinsic(count: int):
         return types.void(codes, alpha, types.intp, types.float32, types.intp, xq, xscale, xsum, types.intp, out,
                           types.intp, types.intp), codegen
 
-    group_u4_s16.__name__ = group_u4_s16.__qualname__ = f"group{count}_u4_s16"
-    return intrinsic(group_u4_s16)
+    group_u4.__name__ = group_u4.__qualname__ = f"group{count}_u4"
+    return intrinsic(group_u4)
 
 
-GROUP_ROWS = 4   # rows of x that share one unpacking of a group's codes (group4_u4_s16)
-group1_u4_s16, group2_u4_s16, group3_u4_s16, group4_u4_s16 = (_group_intrinsic(count) for count in range(1, 5))
+GROUP_ROWS = 4   # rows of x that share one unpacking of a group's codes (group4_u4)
+group1_u4, group2_u4, group3_u4, group4_u4 = (_group_intrinsic(count) for count in range(1, 5))
 
 
 # ---- float32 rows for attention: a query's dot with each key, the weighted sum of value rows ------

@@ -18,10 +18,13 @@ of the weights themselves; precision low is where mnngpu computes in half precis
 
 x is quantized to int16 per chunk of 64 (step max|x|/32767, far finer than the int4 weights):
     y[o] = sum_c scale_b[o] * xscale_c * dot_c[o]  +  sum_b (k * scale_b[o] + min_b[o]) * sum(x in b)
-int8 activations (one unsigned-by-signed byte dot product per 64 weights instead of two int16
-ones) were measured and not taken: symmetric int8 per chunk of 64 put the decode logits 12-47%
-of their std from MNN's exact ones on three fixtures and the bench model, more than MNN's own
-memory-low int8 path (7-29%).
+With `int8_activations` (mnngpu's own config key) x is int8 instead (step max|x|/127), as MNN's
+memory-low CPU path quantizes it: one unsigned-by-signed byte dot takes four inputs where the int16
+path needs two dots, so the rows of a prefill or a batched decode step cost about half the dot
+instructions. It is not the default: on the 0.5B-shaped bench model it moves the logits up to half
+their std from the exact ones (int16: 0.3%), and greedy tokens part from MNN's sooner; MNN's own
+memory-low path moves them 7-29% (docs/runtime_options.md). The kernels take the type of their xq
+work array.
 """
 
 from __future__ import annotations
@@ -36,15 +39,14 @@ from mnngpu.backends.cpu.kernels.intrinsics import (
     GROUP_ROWS,
     LANES,
     QUANT_CHUNK,
-    group1_u4_s16,
-    group2_u4_s16,
-    group3_u4_s16,
-    group4_u4_s16,
+    group1_u4,
+    group2_u4,
+    group3_u4,
+    group4_u4,
     rint,
 )
 from mnngpu.backends.cpu.kernels.linear_kernels import mul_silu
 
-QUANT_LEVELS = np.float32(32767.0)
 PACK_GROUPS = 256   # groups repacked at a time: a bounded temporary, whatever the matrix
 
 _KERNEL = {"fastmath": True, "cache": True, "nogil": True}
@@ -144,14 +146,19 @@ def unpacked(codes: np.ndarray, alpha: np.ndarray, k, start: int, stop: int) -> 
 X_BUFFERS = ("xq", "xscale", "xsum")
 
 
-def x_layouts(rows: int, ic: int, block: int) -> tuple:
-    """(shape, dtype) of each of X_BUFFERS, the kernels' work arrays for `rows` rows of x: xq int16
-    [rows, ic], xscale [rows, chunks], xsum [rows, blocks]."""
-    return ((rows, ic), np.int16), ((rows, ic // QUANT_CHUNK), np.float32), ((rows, ic // block), np.float32)
+def x_layouts(rows: int, ic: int, block: int, xq_type=np.int16) -> tuple:
+    """(shape, dtype) of each of X_BUFFERS, the kernels' work arrays for `rows` rows of x: xq
+    [rows, ic] (int16, or int8 with int8_activations), xscale [rows, chunks], xsum [rows, blocks]."""
+    return ((rows, ic), xq_type), ((rows, ic // QUANT_CHUNK), np.float32), ((rows, ic // block), np.float32)
 
 
-def x_buffers(rows: int, ic: int, block: int) -> tuple:
-    return tuple(np.empty(shape, dtype) for shape, dtype in x_layouts(rows, ic, block))
+def x_buffers(rows: int, ic: int, block: int, xq_type=np.int16) -> tuple:
+    return tuple(np.empty(shape, dtype) for shape, dtype in x_layouts(rows, ic, block, xq_type))
+
+
+def quant_levels(xq_type) -> np.float32:
+    """The largest code of x quantized into an array of this integer type: x's step is max|x| / it."""
+    return np.float32(np.iinfo(xq_type).max)
 
 
 ABS_BITS = np.uint32(0x7FFFFFFF)   # a float32's bits without its sign
@@ -176,13 +183,14 @@ def _prepare_row(x, block, xq, xscale, xsum):
         for j in range(c * chunk, c * chunk + chunk):
             peak = max(peak, bits[j] & ABS_BITS)
         peaks[c] = peak
+    levels = np.float32(np.iinfo(xq.dtype).max)
     for c in range(np.uint64(xscale.size)):
         peak = xscale[c]
-        step = peak / QUANT_LEVELS if peak > 0 else np.float32(1.0)
+        step = peak / levels if peak > 0 else np.float32(1.0)
         xscale[c] = step
         inverse = np.float32(1.0) / step
         for j in range(c * chunk, c * chunk + chunk):
-            xq[j] = np.int16(np.int32(rint(x[j] * inverse)))
+            xq[j] = np.int32(rint(x[j] * inverse))
 
 
 PREPARE_SPLIT_ROWS = 8   # rows of x from which their quantization is split over the threads
@@ -214,14 +222,14 @@ def _span(item, codes_t, alpha_t, k_t, bias_t, spans, block, xq, xscale, xsum, o
     for g in range(start // LANES, (stop + LANES - 1) // LANES):
         valid = min(LANES, out.shape[1] - g * LANES)
         for i in range(0, grouped, GROUP_ROWS):
-            group4_u4_s16(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, i, out, g * LANES, valid)
+            group4_u4(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, i, out, g * LANES, valid)
         left = rows - grouped
         if left == 3:
-            group3_u4_s16(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
+            group3_u4(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
         elif left == 2:
-            group2_u4_s16(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
+            group2_u4(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
         elif left == 1:
-            group1_u4_s16(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
+            group1_u4(codes, alpha, g, k, chunks_per_block, xq, xscale, xsum, grouped, out, g * LANES, valid)
     if bias.size:
         for i in range(rows):
             for r in range(start, stop):
@@ -271,12 +279,12 @@ def lanes_gated_serial(codes_t, alpha_t, k_t, bias_t, spans, xs, block, xq, xsca
 TWIN_ROWS = 2048   # rows unpacked at a time: a bounded float32 copy, whatever the matrix
 
 
-def integer_rounded(x: np.ndarray) -> np.ndarray:
-    """x [..., ic] as the kernels quantize it: each chunk of QUANT_CHUNK values rounded to steps
-    of max|chunk| / QUANT_LEVELS, back in float32."""
+def integer_rounded(x: np.ndarray, xq_type=np.int16) -> np.ndarray:
+    """x [..., ic] as the kernels quantize it into xq_type: each chunk of QUANT_CHUNK values rounded
+    to steps of max|chunk| / quant_levels(xq_type), back in float32."""
     chunks = x.reshape(*x.shape[:-1], -1, QUANT_CHUNK)
     peak = np.abs(chunks).max(axis=-1, keepdims=True)
-    step = np.where(peak > 0, peak / QUANT_LEVELS, np.float32(1.0)).astype(np.float32)
+    step = np.where(peak > 0, peak / quant_levels(xq_type), np.float32(1.0)).astype(np.float32)
     return (np.rint(chunks * (np.float32(1.0) / step)) * step).reshape(x.shape)
 
 
@@ -285,7 +293,7 @@ def integer_rounded(x: np.ndarray) -> np.ndarray:
 def lanes_group_numpy(codes_t, alpha_t, k_t, bias_t, spans, xs, block, xq, xscale, xsum, out_t):
     """Every member in full: the codes times x rounded as the kernels round it, the
     (k * scale + min) part times x."""
-    rounded = integer_rounded(xs)
+    rounded = integer_rounded(xs, xq.dtype)
     for codes, alpha, k, bias, out in zip(codes_t, alpha_t, k_t, bias_t, out_t):
         for start in range(0, out.shape[1], TWIN_ROWS):
             stop = min(out.shape[1], start + TWIN_ROWS)

@@ -7,7 +7,8 @@ from the decoded scales and zeros (small models, symmetric or fp16-alpha exports
 
 * precision low, int4 (block a multiple of 64): the codes and alpha are repacked at load into
   lane groups of 16 output rows (kernels/lane_kernels.py) and every row count, decode, a verify block or
-  a prefill chunk, runs lane_kernels.lanes_group / lanes_gated on int16 activations. The file's
+  a prefill chunk, runs lane_kernels.lanes_group / lanes_gated on int16 activations (int8 with
+  int8_activations). The file's
   pages of the repacked arrays are released, so the weights are in memory once.
 * Otherwise, decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup
   (q/k/v) in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
@@ -184,7 +185,8 @@ class CPULinear(CPUExecution):
         """The lane kernel's arguments for rows `rows` of x, its work arrays in the backend's
         scratch, which every linear layer uses in turn (a prefill chunk's are megabytes)."""
         first = self.weights[0]
-        layouts = lane_kernels.x_layouts(rows.stop - rows.start, first.ic, first.block)
+        xq_type = np.int8 if self.backend.config.int8_activations else np.int16
+        layouts = lane_kernels.x_layouts(rows.stop - rows.start, first.ic, first.block, xq_type)
         buffers = tuple(self.backend._scratch(f"lanes_{name}", shape, dtype)
                         for name, (shape, dtype) in zip(lane_kernels.X_BUFFERS, layouts))
         return (*self._matrices(), self._spans(), self.x[rows], first.block, *buffers, *self._outputs_args(rows))

@@ -30,5 +30,6 @@ class CudaExecution(Execution):
             self.backend.device.run(launch)
 
     def onExecute(self, inputs, outputs):
+        self.backend.graphs.begin(self)
         self.before_launch()
         self.backend.graphs.execute(self)

@@ -1,7 +1,9 @@
 """1x1 Convolution as a linear layer over weights kept quantized on the device.
 
 Decode (one row) runs a GEMV kernel straight over the packed codes: one warp per output row,
-fp32 accumulation, so its launch is fixed and goes into the decode CUDA graph. Prefill (many
+fp32 accumulation, so its launch is fixed and goes into the decode CUDA graph. A batched decode
+module (rows of several sequences, up to MAX_GEMV_TOKENS) runs the GEMV's *_tokens twin, which
+reads each weight once for every row and gives each row a lone decode step's values. Prefill (many
 rows) dequantizes a tile of rows at a time into a shared scratch of gemm_t (fp16 for fp16
 storage, else fp32) and multiplies with cuBLAS into another scratch, fp32 accumulation; the
 bias is added when the result is converted back to the storage type. Through
@@ -20,6 +22,7 @@ from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.ops.base import CudaExecution
 
 ROWS_PER_BLOCK = 8        # warps of a 256-thread GEMV block (linear.cu)
+MAX_GEMV_TOKENS = 8       # rows of x a *_tokens GEMV takes (linear.cu MAX_TOKENS)
 TILE_ELEMENTS = 1 << 25   # dequantized weights per prefill tile (128 MB at fp32)
 
 
@@ -76,7 +79,9 @@ class LinearExecution(CudaExecution):
         self.w = w
         self.rows = inputs[0].size // w.ic
         self.x, self.out = self.backend._buffer(inputs[0]), self.backend._buffer(outputs[0])
-        if self.rows == 1:
+        # a batched decode module is resized inside a batched forward
+        self.gemv = self.rows == 1 or (self.backend.batch is not None and self.rows <= MAX_GEMV_TOKENS)
+        if self.gemv:
             self._prepare_gemv()
         else:
             self.capturable = self.backend.device.cublas is not None
@@ -91,10 +96,13 @@ class LinearExecution(CudaExecution):
         else:
             args = (oc, ic, np.int32(w.row_bytes), np.int32(w.block_size), np.int32(w.n_blocks),
                     w.codes, w.scales, w.zeros, *bias, self.x, self.out)
-        self.prepare("linear.cu", gemv_kernel(w), grid, (BLOCK,), args)
+        if self.rows == 1:
+            self.prepare("linear.cu", gemv_kernel(w), grid, (BLOCK,), args)
+        else:
+            self.prepare("linear.cu", f"{gemv_kernel(w)}_tokens", grid, (BLOCK,), (np.int32(self.rows), *args))
 
     def launch(self) -> None:
-        if self.rows == 1:
+        if self.gemv:
             super().launch()
         else:
             self._gemm()

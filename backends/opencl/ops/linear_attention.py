@@ -8,7 +8,9 @@ rollback change from step to step: two scalar arguments set before the enqueue.
 A verify forward (KVMeta `verify`) keeps the state from before it and its real rows; when the
 next forward removes some of them, the state is put back and the kept rows run again through the
 same kernels, bound to the saved rows. Only modules shorter than a prefill chunk (the verify
-module) have room to save rows; a prefill chunk or decode step is never a verify block.
+module, and the short prefill modules, which its rows cannot tell apart) have room to save rows, all
+of them the same room (module_pool.saved_rows_room); a prefill chunk or decode step is never a
+verify block.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mnngpu.ops.linear_attention import (
     token_rows,
 )
 from mnngpu.runtime.kv import begin_state_forward
+from mnngpu.runtime.module_pool import saved_rows_room
 
 SOURCE = "linear_attention.cl"
 
@@ -51,7 +54,7 @@ class LinearAttentionExecution(KernelExecution):
                                                                                else {})}
         self.saves = saves_verify_rows(self.seq, self.backend.config.prefill_len)
         if self.saves:
-            self.state.room_for_rows(self.seq, self._row_widths())
+            self.state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
         self.launches_for(inputs[0], self.strides, inputs[1], inputs[2], outputs[0], self.seq,
                           self._saved_args() if self.saves else None)
         self.replay: list[Launch] = []   # the kept rows of a verify block again, prepared at the first rollback
@@ -107,7 +110,7 @@ class LinearAttentionExecution(KernelExecution):
         if state is not self.state:
             self.state = state
             if self.saves:
-                state.room_for_rows(self.seq, self._row_widths())
+                state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
             for launch in self.launches:   # every kernel takes its state part as argument 4
                 name = "recurrent" if launch.kernel.function_name == "delta_rule" else "conv"
                 if launch.kernel.function_name != "qk_norm":

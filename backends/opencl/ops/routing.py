@@ -19,7 +19,7 @@ from mnngpu.backends.opencl.ops.base import KernelExecution
 from mnngpu.backends.opencl.ops.linear import CPU_GROUP, ROWS, DeviceLinear, pack_experts
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.ops import routing
-from mnngpu.runtime.moe import drop_raw_weights, raw_expert_weights, unstackable
+from mnngpu.runtime.stacked_experts import stacked_experts, stacking_refusal
 
 
 def _lines(node, inputs) -> tuple[int, int, int]:
@@ -70,19 +70,12 @@ class SparseMoEExecution(KernelExecution):
 
     @classmethod
     def decline(cls, inputs, outputs, node):
-        if "opencl" in node.weights:
-            return None
-        experts = node.param.experts
-        gate_ups, downs = raw_expert_weights(experts)
-        reason = unstackable(gate_ups, downs, experts)
-        if any(w.ic % 32 or (w.block_size if w.is_quantized else w.ic) % 32 for w in (gate_ups[0], downs[0])):
-            reason = "the expert kernels read 32 inputs at a time, within one block"
+        reason = stacking_refusal(node, "opencl", _kernel_widths)
         if reason is not None:
             # The CPU backup's sparse MoE between OpenCL ops gives wrong decode tokens (a known defect,
             # docs/formats.md): refuse rather than answer wrongly.
             raise BackendUnavailableError(f"{node.name}: sparse experts on OpenCL: {reason}; this MoE layer "
                                           "runs on backend_type cpu or vulkan", field="backend_type")
-        return None
 
     def plan(self, inputs, outputs):
         gate_up, down = self._stacked()
@@ -106,12 +99,12 @@ class SparseMoEExecution(KernelExecution):
                 np.int32(layer.bias is not None)]
 
     def _stacked(self) -> tuple[DeviceLinear, DeviceLinear]:
-        """(gate_up, down) of every expert, packed stacked on the first plan; the raw weights are
-        dropped then (the CPU backup decodes them again from the file where it needs them)."""
-        weights = self.node.weights
-        if "opencl" not in weights:
-            experts = self.node.param.experts
-            gate_ups, downs = raw_expert_weights(experts)
-            weights["opencl"] = (pack_experts(self.backend, gate_ups), pack_experts(self.backend, downs))
-            drop_raw_weights(experts)
-        return weights["opencl"]
+        """(gate_up, down) of every expert, packed stacked on the first plan."""
+        return stacked_experts(self.node, "opencl", lambda gate_ups, downs: (pack_experts(self.backend, gate_ups),
+                                                                              pack_experts(self.backend, downs)))
+
+
+def _kernel_widths(gate_ups: list, downs: list) -> str | None:
+    if any(w.ic % 32 or (w.block_size if w.is_quantized else w.ic) % 32 for w in (gate_ups[0], downs[0])):
+        return "the expert kernels read 32 inputs at a time, within one block"
+    return None

@@ -10,7 +10,9 @@ control buffer before the submit.
 A verify forward (KVMeta `verify`) keeps the state from before it and its real rows; when the
 next forward removes some of them, the state is put back and the kept rows run again through the
 same kernels, recorded once into a segment of their own over the saved rows and submitted at
-once. Only modules shorter than a prefill chunk (the verify module) have room to save rows.
+once. Only modules shorter than a prefill chunk (the verify module, and the short prefill modules,
+which its rows cannot tell apart) have room to save rows, all of them the same room
+(module_pool.saved_rows_room).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mnngpu.ops.linear_attention import (
     token_rows,
 )
 from mnngpu.runtime.kv import begin_state_forward
+from mnngpu.runtime.module_pool import saved_rows_room
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -50,7 +53,7 @@ class VulkanLinearAttention(VulkanExecution):
         self.control = backend._new_buffer(16, np.int32, backend.step_arena)   # uint rows, save
         self.saves = saves_verify_rows(self.seq, backend.config.prefill_len)
         if self.saves:
-            self.state.room_for_rows(self.seq, self._row_widths())
+            self.state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
         self.bound_saved = self.state.saved if self.saves else None
         saved = list(self.bound_saved.values()) if self.saves else None
         out = outputs[0].device = backend._new_tensor(outputs[0])

@@ -27,7 +27,7 @@ from mnngpu.backends.vulkan.ops.linear import (
 )
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import routing
-from mnngpu.runtime.moe import drop_raw_weights, raw_expert_weights, unstackable
+from mnngpu.runtime.stacked_experts import stacked_experts, stacking_refusal
 
 
 class VulkanRouting(VulkanExecution):
@@ -72,18 +72,7 @@ class VulkanSparseMoE(VulkanExecution):
 
     @classmethod
     def decline(cls, inputs, outputs, node):
-        if "vulkan" in node.weights:
-            return None
-        experts = node.param.experts
-        gate_ups, downs = raw_expert_weights(experts)
-        reason = unstackable(gate_ups, downs, experts)
-        if reason is not None or not (packable(gate_ups[0]) and packable(downs[0])):
-            return reason or f"the expert layers' input widths are not multiples of {GROUP}"
-        largest = max(stacked_bytes(gate_ups, gate_ups[0].oc // 2, 4), stacked_bytes(downs, downs[0].oc, 4))
-        if largest > shared_device().max_binding_bytes:
-            return (f"its experts stacked take {largest} bytes, more than this device's maxStorageBufferRange "
-                    f"({shared_device().max_binding_bytes})")
-        return None
+        return stacking_refusal(node, "vulkan", _fits_device)
 
     def onResize(self, inputs, outputs):
         backend = self.backend
@@ -106,20 +95,26 @@ class VulkanSparseMoE(VulkanExecution):
                          self.node.param.top_k, self.node.param.num_experts)
 
     def _stacked(self) -> tuple[PackedLinear, PackedLinear, PackedLinear]:
-        """(gate, up, down) of every expert, packed stacked on the first resize; the raw weights
-        are dropped then (the CPU backup decodes them again from the file where it needs them)."""
-        weights = self.node.weights
-        if "vulkan" not in weights:
-            experts = self.node.param.experts
-            gate_ups, downs = raw_expert_weights(experts)
-            width = gate_ups[0].oc // 2
-            halves = [(0, width), (width, 2 * width)]
-            if not experts[0].gate_first:
-                halves.reverse()
-            gate, up = (pack_experts(self.backend, gate_ups, *half) for half in halves)
-            weights["vulkan"] = (gate, up, pack_experts(self.backend, downs, 0, downs[0].oc))
-            drop_raw_weights(experts)
-        return weights["vulkan"]
+        """(gate, up, down) of every expert, packed stacked on the first resize."""
+        return stacked_experts(self.node, "vulkan", self._pack)
+
+    def _pack(self, gate_ups: list, downs: list) -> tuple[PackedLinear, PackedLinear, PackedLinear]:
+        width = gate_ups[0].oc // 2
+        halves = [(0, width), (width, 2 * width)]
+        if not self.node.param.experts[0].gate_first:
+            halves.reverse()
+        gate, up = (pack_experts(self.backend, gate_ups, *half) for half in halves)
+        return gate, up, pack_experts(self.backend, downs, 0, downs[0].oc)
+
+
+def _fits_device(gate_ups: list, downs: list) -> str | None:
+    if not (packable(gate_ups[0]) and packable(downs[0])):
+        return f"the expert layers' input widths are not multiples of {GROUP}"
+    largest = max(stacked_bytes(gate_ups, gate_ups[0].oc // 2, 4), stacked_bytes(downs, downs[0].oc, 4))
+    if largest > shared_device().max_binding_bytes:
+        return (f"its experts stacked take {largest} bytes, more than this device's maxStorageBufferRange "
+                f"({shared_device().max_binding_bytes})")
+    return None
 
 
 def _quad_groups(layer: PackedLinear) -> int:
