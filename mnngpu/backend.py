@@ -79,6 +79,7 @@ class BackendConfig:
     thread_num: int = 4
     max_all_tokens: int = 2048  # fixed-shape backends size their device KV cache for it
     prefill_len: int = 0        # rows of a prefill chunk (runtime/module_pool.py): the KV cache's padding
+    prefill_widths: tuple[int, ...] = ()   # a fixed-shape backend's prefill module rows, read once at load
     strict_device: bool = False  # an op the backend declines is an error, not a CPU fallback
     keep_tensors: bool = False   # no two tensors share memory: every op's output readable after a run (diff)
     tmp_path: str = ""          # where kvcache_mmap and use_mmap put their files

@@ -29,7 +29,7 @@ from mnngpu.generation.steps import DecodeSteps
 from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
 from mnngpu.runtime.kv import Segment, Sequence
 from mnngpu.runtime.module import Module, ModuleConfig
-from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool, prefill_widths
+from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
 from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
@@ -198,9 +198,13 @@ class Llm:
         if module_config.base is not None:
             _check_lora_shares_the_base(net, module_config.base, cfg.model_path)
         prefill = Module.load(cfg.model_path, cfg.weight_path, module_config, self.runtime, net=net)
-        widths = prefill_widths() if self.runtime.fixed_shape else (PREFILL_LEN,)
-        self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length, widths)
+        self.pool = ModulePool(prefill, cfg.all_logits, self.strategy.verify_length,
+                               self.runtime.schedule.backend_config.prefill_widths)
         report("weights packed", 1, 1)
+        if cfg.int8_activations and not self.runtime.backend().lane_layers:
+            raise ConfigError("true, but this model has no int4 layer the CPU's lane kernels run (int4 weights in "
+                              "blocks of a multiple of 64), so nothing would be quantized to int8",
+                              path=cfg.model_path, field="int8_activations")
         self._loaded = True
         self.runtime.sequence.context = self.context
         self.placement()   # every fallback known (or, under strict_device, refused) before the first token
@@ -343,7 +347,7 @@ class Llm:
     def placement(self) -> PlacementTable:
         """Where every op runs, for the prefill and the decode module's shapes (decided, not resized)."""
         self._require_loaded()
-        for (rows, all_logits), module in self.pool.modules.items():
+        for (_, rows, all_logits), module in self.pool.modules.items():
             embeds = np.zeros((rows, 1, self.config.hidden_size), dtype=np.float32)
             module.session.place(graph_feeds(embeds, 0, all_logits, self.attention_mask,
                                              self._positions(0, 0, rows)) | self._extra_feeds(rows)
@@ -383,7 +387,8 @@ class Llm:
             return 0
         prefilled = count if self.config.all_logits else count - 1
         pieces = self.pool.pieces(prefilled, self._rows_per_run(count))
-        return sum(self.pool.width(piece) - piece for piece in pieces)
+        # a last piece of one id without all_logits runs in the decode module, unpadded (_run)
+        return sum(self.pool.width(piece) - piece for piece in pieces if piece > 1 or self.config.all_logits)
 
     def _prefill_chunks(self, ids: list[int], count: int) -> list[list[int]]:
         """`ids` cut into one module forward each; `count` ids in all decide the chunk size. A

@@ -62,11 +62,15 @@ def test_a_batched_decode_row_is_its_lone_step_bit_for_bit():
         assert np.array_equal(row, want)
 
 
-@pytest.mark.parametrize("settings, named", [({"precision": "high"}, "precision high"),
-                                             ({"backend_type": "vulkan"}, "vulkan")])
-def test_refused_where_no_kernel_quantizes_to_int8(settings, named):
-    model = mnngpu_llm.create(FIXTURES / NAME)
-    model.set_config({"int8_activations": True, **settings})
+@pytest.mark.parametrize("name, settings, named", [
+    (NAME, {"precision": "high"}, "precision high"),
+    (NAME, {"backend_type": "vulkan"}, "vulkan"),
+    ("qwen3_fp16", {}, "no int4 layer"),           # fp16 weights: no lane groups
+    ("phi3_int4_b32", {}, "no int4 layer"),        # int4 in blocks of 32: not lane groups either
+])
+def test_refused_where_no_kernel_quantizes_to_int8(name, settings, named):
+    model = mnngpu_llm.create(FIXTURES / name)
+    model.set_config({"int8_activations": True, "precision": "low", **settings})
     with pytest.raises(ConfigError, match="int8_activations") as error:
         model.load()
     assert named in str(error.value)

@@ -76,6 +76,7 @@ class CPUBackend(Backend):
         self.workers = WorkerPool.shared(threads)
         self.cheap_launches = launch_is_cheap()   # else only big GEMVs are split over the threads
         self.quantize_activations = config.precision == "low"   # int4 linears on int16 x (kernels/lane_kernels.py)
+        self.lane_layers = 0   # int4 layers packed into lane groups (int8_activations needs one)
         # kvcache_mmap / use_mmap: those arrays live in files under tmp_path
         self.kv_files = memory.MappedFiles(config.tmp_path, "kv") if config.kvcache_mmap else None
         self.weight_files = memory.MappedFiles(config.tmp_path, "weight") if config.use_mmap else None
@@ -98,6 +99,7 @@ class CPUBackend(Backend):
             if self.weight_files is not None:
                 packed = self._mapped(packed)
             node.weights["packed"] = packed
+            self.lane_layers += packed.lanes
             return
         # A norm's gamma read from the weight file each step keeps the file's page under it
         # resident, and where the kernel maps the file in 2 MB pages that is 2 MB a norm (60 MB

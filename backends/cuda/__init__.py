@@ -31,13 +31,13 @@ from mnngpu.backends.cuda.device import CudaDevice, log
 from mnngpu.backends.cuda.graph import GraphRecorder, Recording
 from mnngpu.backends.cuda.memory import Storage, storage_for
 from mnngpu.backends.cuda.ops import EXECUTIONS
-from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache, KVPool, Slot
+from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache, KVPool
 from mnngpu.backends.cuda.ops.linear import pack_linear
 from mnngpu.backends.cuda.ops.norm import pack_norm
 from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import ROUTING_OPS
-from mnngpu.runtime.kv import KVMeta, segments
+from mnngpu.runtime.kv import KVMeta, PooledKVCaches, segments
 
 FLOAT = np.dtype(np.float32)
 ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
@@ -47,7 +47,8 @@ NO_ROUTING = ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAd
               "one round trip through the host per MoE layer and step")
 
 
-class CUDABackend(Backend):
+class CUDABackend(PooledKVCaches, Backend):
+    pooled_cache = DeviceKVCache   # a sequence's region of a layer's pool (runtime.kv.PooledKVCaches)
     type = "cuda"
     caps = Capabilities(fixed_shape=True, batched=True,
                         lacking={**{op: NO_ROUTING for op in ROUTING_OPS}, "LinearAttention": NO_DEVICE_KERNEL})
@@ -67,9 +68,7 @@ class CUDABackend(Backend):
         self.rows_table = self.device.empty(2 * ROWS_TABLE_ROWS, np.int32)
         self._written: dict[str, bytes] = {}         # what step and rows_table hold now
         self.kv_pools: dict[int, KVPool] = {}        # layer index -> every sequence's keys and values
-        self.slots = 1                               # sequences each pool has room for
-        self._slots_taken = 0
-        self._free_slots: list[int] = []
+        self._start_slots()
         self._attention_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # recording -> its Attention ops
         self.placeholder = self.device.empty(1, np.float32)  # bound where a kernel's optional buffer is absent
         self._scratch_arrays: dict[str, object] = {}
@@ -112,30 +111,6 @@ class CUDABackend(Backend):
             raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
                                    field="Attention.layer_index")
         return pool
-
-    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> DeviceKVCache:
-        """The current sequence's cache of `layer`: its slot's region of the layer's pool."""
-        cache = self.kv_caches.get(layer)
-        if cache is None:
-            pool = self._kv_pool(layer, kv_heads, head_dim)
-            slot = next((c.slot for c in self.kv_caches.values()), None) or self._take_slot()
-            cache = self.kv_caches[layer] = DeviceKVCache(pool, slot)
-        elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
-            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
-                                   field="Attention.layer_index")
-        return cache
-
-    def _take_slot(self) -> Slot:
-        """A free slot for a sequence's caches, the pools grown where every slot is taken."""
-        if self._free_slots:
-            index = min(self._free_slots)
-            self._free_slots.remove(index)
-        else:
-            index = self._slots_taken
-            if index >= self.slots:
-                self._grow_slots(index + 1)
-            self._slots_taken += 1
-        return Slot(index, self._free_slots)
 
     def _grow_slots(self, needed: int) -> None:
         """Room for `needed` sequences in every pool (doubling); the graphs are captured again."""

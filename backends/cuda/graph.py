@@ -19,6 +19,7 @@ from typing import Any
 
 from mnngpu.backend import warn_once
 from mnngpu.backends.cuda.device import CudaDevice, log
+from mnngpu.errors import MnnGpuError
 
 GRAPH_ENV = "MNNGPU_CUDA_GRAPH"  # "0" runs every pipeline launch by launch
 
@@ -120,6 +121,10 @@ class GraphRecorder:
                 active.graph.launch(stream=self.device.stream)
 
     def invalidate(self) -> None:
-        """Buffers a graph refers to were replaced (the KV cache grew): capture again later."""
+        """Buffers a graph refers to were replaced (the KV cache grew): capture again later. Never
+        mid-run of a graph that replays at flush: its executions have skipped their launches."""
+        if self._active is not None and self._active.graph is not None:
+            raise MnnGpuError("the CUDA KV pools grew during a run that replays a captured graph; they grow "
+                              "before a run's first launch (CUDABackend._prepare_run)")
         for recording in self.recordings:
             recording.graph = None

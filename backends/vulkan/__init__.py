@@ -30,13 +30,13 @@ from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, w
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
-from mnngpu.backends.vulkan.ops.attention import KVCache, KVPool, Slot
+from mnngpu.backends.vulkan.ops.attention import KVCache, KVPool
 from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
 from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime.kv import KVMeta
+from mnngpu.runtime.kv import KVMeta, PooledKVCaches
 from mnngpu.runtime.moe import is_expert_op
 
 DEFAULT_MAX_TOKENS = 2048
@@ -44,7 +44,8 @@ ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's siz
 VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chosen by device type otherwise
 
 
-class VulkanBackend(Backend):
+class VulkanBackend(PooledKVCaches, Backend):
+    pooled_cache = KVCache   # a sequence's region of a layer's pool (runtime.kv.PooledKVCaches)
     type = "vulkan"
     # kv_int8: attention_mode 1 and 2 (ops/attention.py); storage: the KV cache's and dense weights'
     caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True, batched=True)
@@ -69,9 +70,7 @@ class VulkanBackend(Backend):
         self.rows_table_rows = ROWS_TABLE_ROWS
         self.rows_table = self._new_buffer(ROWS_TABLE_ROWS * 8, np.uint32, self.step_arena)
         self.kv_pools: dict[int, KVPool] = {}   # layer index -> every sequence's keys and values
-        self.slots = 1                           # sequences each pool has room for
-        self._slots_taken = 0
-        self._free_slots: list[int] = []
+        self._start_slots()
         self._recorded: weakref.WeakSet[Segment] = weakref.WeakSet()   # recorded again when pools grow
         self.placeholder = self._new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
         self._scratch_tensors: dict[int, DeviceTensor] = {}
@@ -179,30 +178,6 @@ class VulkanBackend(Backend):
             raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
                                    field="Attention.layer_index")
         return pool
-
-    def kv_cache(self, layer: int, kv_heads: int, head_dim: int) -> KVCache:
-        """The current sequence's cache of `layer`: its slot's region of the layer's pool."""
-        cache = self.kv_caches.get(layer)
-        if cache is None:
-            pool = self._kv_pool(layer, kv_heads, head_dim)
-            slot = next((c.slot for c in self.kv_caches.values()), None) or self._take_slot()
-            cache = self.kv_caches[layer] = KVCache(pool, slot)
-        elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
-            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
-                                   field="Attention.layer_index")
-        return cache
-
-    def _take_slot(self) -> Slot:
-        """A free slot for a sequence's caches, the pools grown where every slot is taken."""
-        if self._free_slots:
-            index = min(self._free_slots)
-            self._free_slots.remove(index)
-        else:
-            index = self._slots_taken
-            if index >= self.slots:
-                self._grow_slots(index + 1)
-            self._slots_taken += 1
-        return Slot(index, self._free_slots)
 
     def _grow_slots(self, needed: int) -> None:
         """Room for `needed` sequences in every pool (doubling, up to what one buffer may hold), and

@@ -229,7 +229,8 @@ KEYS: dict[str, Key] = {
                            "not a CPU fallback", False),
     "int8_activations": _done("mnngpu's own: the CPU's int4 layers at precision low quantize their activations to "
                               "int8 (MNN's memory-low arithmetic: faster prefill and batched decode, logits further "
-                              "from exact) instead of int16; other backends or precisions: a ConfigError", False,
+                              "from exact) instead of int16; other backends or precisions, or a model without "
+                              "such layers: a ConfigError", False,
                               at_load=True),
     "thread_num": _done("CPU threads", 4, POSITIVE, at_load=True),
     "precision": _done("low and normal: fp16 where the backend has it; high: fp32", "low", _one_of(LEVELS),

@@ -225,10 +225,10 @@ class VisionEncoder:
     def _has_deepstack(self, outputs: tuple[str, ...], inputs: tuple[str, ...], model_path: Path) -> bool:
         """Whether the graph also gives deepstack features: only a position-table graph may (Qwen3-VL's)."""
         allowed = (self.OUTPUTS, self.DEEPSTACK_OUTPUTS) if inputs == self.POSITION_TABLE else (self.OUTPUTS,)
-        if outputs not in allowed:
+        if set(outputs) not in [set(names) for names in allowed]:   # the graph's order is the exporter's
             raise ModelFormatError(f"a vision graph with outputs {' or '.join(str(list(o)) for o in allowed)}, got "
                                    f"{list(outputs)}", path=model_path, field="outputName")
-        return outputs == self.DEEPSTACK_OUTPUTS
+        return set(outputs) == set(self.DEEPSTACK_OUTPUTS)
 
     def align(self, height: int, width: int) -> tuple[int, int]:
         """A requested size rounded as MNN 3.6.1 rounds it for this graph's patch size."""

@@ -21,13 +21,14 @@ reaching further back, a `reserve`) is refused.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from mnngpu.errors import MnnGpuError
+from mnngpu.errors import MnnGpuError, ModelFormatError
 
 if TYPE_CHECKING:
     from mnngpu.backend import Backend
@@ -198,6 +199,52 @@ class HostStateCache:
         for part in self.parts.values():
             part[...] = 0.0
         self.forget()
+
+
+class Slot:
+    """A sequence's region in every layer's KV pool; the index goes back to `free` once no cache of
+    the sequence holds it any more (the sequence was dropped)."""
+
+    def __init__(self, index: int, free: list[int]):
+        self.index = index
+        weakref.finalize(self, free.append, index)
+
+
+class PooledKVCaches:
+    """What a backend whose layers keep every sequence's keys and values in one pool each (Vulkan,
+    CUDA: recorded commands bind the pool, a region a sequence) shares: a sequence's caches are its
+    slot's region of every pool, a new sequence takes the lowest free slot, and every pool grows
+    where all are taken. The backend has `kv_caches` (the current sequence's, by layer), `slots`,
+    `_kv_pool(layer, kv_heads, head_dim)`, `_grow_slots(needed)` and `pooled_cache(pool, slot)`."""
+
+    def _start_slots(self) -> None:
+        self.slots = 1   # sequences each pool has room for
+        self._slots_taken = 0
+        self._free_slots: list[int] = []
+
+    def kv_cache(self, layer: int, kv_heads: int, head_dim: int):
+        """The current sequence's cache of `layer`: its slot's region of the layer's pool."""
+        cache = self.kv_caches.get(layer)
+        if cache is None:
+            pool = self._kv_pool(layer, kv_heads, head_dim)
+            slot = next((c.slot for c in self.kv_caches.values()), None) or self._take_slot()
+            cache = self.kv_caches[layer] = self.pooled_cache(pool, slot)
+        elif (cache.kv_heads, cache.head_dim) != (kv_heads, head_dim):
+            raise ModelFormatError(f"layer {layer}'s Attention ops disagree on kv heads / head dim",
+                                   field="Attention.layer_index")
+        return cache
+
+    def _take_slot(self) -> Slot:
+        """A free slot for a sequence's caches, the pools grown where every slot is taken."""
+        if self._free_slots:
+            index = min(self._free_slots)
+            self._free_slots.remove(index)
+        else:
+            index = self._slots_taken
+            if index >= self.slots:
+                self._grow_slots(index + 1)
+            self._slots_taken += 1
+        return Slot(index, self._free_slots)
 
 
 class DeviceStateCache:

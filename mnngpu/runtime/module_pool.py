@@ -44,26 +44,30 @@ def prefill_widths() -> tuple[int, ...]:
     return tuple(sorted(widths | {PREFILL_LEN}))
 
 
-def saved_rows_room(seq: int) -> int:
+def saved_rows_room(seq: int, widths: tuple[int, ...]) -> int:
     """The rows a recurrent layer keeps room to save in a fixed-shape module of `seq` rows that may
     run a verify block (ops.linear_attention.saves_verify_rows): at least the largest short prefill
     width, since such a module cannot be told from the verify module by its rows. The recorded
     kernels bind the saved-row buffers, so all of them then bind the same ones, whichever resizes first."""
-    return max([seq, *(width for width in prefill_widths() if width < PREFILL_LEN)])
+    return max([seq, *(width for width in widths if width < PREFILL_LEN)])
 
 
 class ModulePool:
+    """The modules by (kind, rows, all_logits): kind "prefill" (one per width), "decode" (one row),
+    "verify" (a speculative block's rows) and "rows" (a batched decode step of one row per sequence),
+    so no two kinds of the same rows share a module, whose resized pipeline is its kind's."""
+
     def __init__(self, prefill: NetModule, all_logits: bool, verify_length: int = 0,
                  widths: tuple[int, ...] = (PREFILL_LEN,)):
-        self.modules: dict[tuple[int, bool], NetModule] = {(PREFILL_LEN, all_logits): prefill,
-                                                           (1, False): prefill.clone()}
+        self.modules: dict[tuple[str, int, bool], NetModule] = {("prefill", PREFILL_LEN, all_logits): prefill,
+                                                                ("decode", 1, False): prefill.clone()}
         self.all_logits = all_logits
         self.verify_length = verify_length
         self.widths = widths
         if verify_length:
-            self.modules[(verify_length, True)] = prefill.clone()
+            self.modules[("verify", verify_length, True)] = prefill.clone()
         for width in widths:   # every module made now, so the load-time placement covers them all
-            self.modules.setdefault((width, all_logits), prefill.clone())
+            self.modules.setdefault(("prefill", width, all_logits), prefill.clone())
 
     def width(self, seq_len: int) -> int:
         """The rows of the prefill module that runs `seq_len` ids: the smallest width that holds
@@ -87,21 +91,20 @@ class ModulePool:
         forwards = -(-chunk // step)
         return [step] * (forwards - 1) + [chunk - step * (forwards - 1)]
 
+    def _module(self, key: tuple[str, int, bool]) -> NetModule:
+        if key not in self.modules:
+            self.modules[key] = self.modules[("decode", 1, False)].clone()
+        return self.modules[key]
+
     def select(self, seq_len: int, all_logits: bool) -> NetModule:
         if seq_len == 1 and not all_logits:
-            return self.modules[(1, False)]
-        key = (self.width(seq_len), all_logits)
-        if key not in self.modules:
-            self.modules[key] = self.modules[(1, False)].clone()
-        return self.modules[key]
+            return self.modules[("decode", 1, False)]
+        return self._module(("prefill", self.width(seq_len), all_logits))
 
     def rows(self, count: int) -> NetModule:
         """The module of a batched decode step of `count` rows (one per sequence), every row's
         logits: one clone per count, so each keeps its resized pipeline."""
-        key = (count, True)
-        if key not in self.modules:
-            self.modules[key] = self.modules[(1, False)].clone()
-        return self.modules[key]
+        return self._module(("rows", count, True))
 
     def verify(self) -> NetModule:
-        return self.modules[(self.verify_length, True)]
+        return self.modules[("verify", self.verify_length, True)]

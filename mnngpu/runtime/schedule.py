@@ -16,7 +16,7 @@ from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, crea
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
 from mnngpu.runtime.kv import KVMeta, Segment, Sequence, enter
-from mnngpu.runtime.module_pool import PREFILL_LEN
+from mnngpu.runtime.module_pool import PREFILL_LEN, prefill_widths
 from mnngpu.runtime.placement import PlacementTable
 
 
@@ -40,6 +40,8 @@ class RuntimeManager:
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
                                 strict_device=config.strict_device, kv_quant=_kv_quant(config),
                                 int8_activations=_int8_activations(config), prefill_len=PREFILL_LEN,
+                                prefill_widths=(prefill_widths() if backend_class(config.backend_type).caps.fixed_shape
+                                                else (PREFILL_LEN,)),
                                 **_mapped_files(config))
         manager = cls(ScheduleConfig(config.backend_type, backend))
         manager.kv_meta.attn_scale = config.attn_scale or 0.0

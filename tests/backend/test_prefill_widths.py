@@ -101,7 +101,7 @@ def test_chunks_and_all_logits_run_in_the_small_module(monkeypatch, backend):
 def test_the_cpu_backend_keeps_one_prefill_module(monkeypatch):
     model = load_with_widths(monkeypatch, "16,32", "qwen2_int4_b64", "cpu")
     assert model.pool.widths == (PREFILL_LEN,)
-    assert sorted(model.pool.modules) == [(1, False), (PREFILL_LEN, False)]
+    assert sorted(model.pool.modules) == [("decode", 1, False), ("prefill", PREFILL_LEN, False)]
     assert model.padded_rows(27) == 0
 
 
@@ -114,7 +114,7 @@ def test_a_prefill_is_cut_where_padding_and_forwards_cost_least(monkeypatch, cou
     (FORWARD_ROWS) are fewest: 70 ids take one 100-row forward (108) rather than three 32-row
     ones (120), a 50-id chunk two 32-row ones (80)."""
     model = load_with_widths(monkeypatch, None, "qwen2_int4_b64", "cpu")
-    pool = ModulePool(model.pool.modules[(PREFILL_LEN, False)], False, 0, prefill_widths())   # vulkan's widths
+    pool = ModulePool(model.pool.modules[("prefill", PREFILL_LEN, False)], False, 0, prefill_widths())   # vulkan's
     assert pool.pieces(count, size) == pieces
 
 
@@ -129,3 +129,25 @@ def test_a_bad_widths_variable_is_a_config_error(monkeypatch, value):
 def test_the_widths_variable_sets_the_small_modules(monkeypatch):
     monkeypatch.setenv(WIDTHS_ENV, "32,16")
     assert prefill_widths() == (16, 32, PREFILL_LEN)
+
+
+class _Module:
+    def clone(self):
+        return _Module()
+
+
+@pytest.mark.parametrize("all_logits", [False, True])
+def test_no_two_kinds_of_module_share_one(all_logits):
+    """A 32-row prefill module with every row's logits, a batched decode step of 32 sequences and a
+    verify block of 32 ids are resized for different work: each kind keeps its own module."""
+    pool = ModulePool(_Module(), all_logits, verify_length=SMALL_PREFILL_LEN, widths=(SMALL_PREFILL_LEN, PREFILL_LEN))
+    modules = [pool.select(10, True), pool.rows(SMALL_PREFILL_LEN), pool.verify(), pool.select(1, False)]
+    assert len({id(module) for module in modules}) == len(modules)
+    assert pool.select(10, True) is modules[0] and pool.rows(SMALL_PREFILL_LEN) is modules[1]
+
+
+def test_padded_rows_are_the_rows_computed_beyond_the_ids(monkeypatch):
+    model = load_with_widths(monkeypatch, None, "qwen2_int4_b64", "vulkan")
+    assert model.padded_rows(30) == SMALL_PREFILL_LEN - 29   # 29 prefilled in the 32-row module
+    assert model.padded_rows(34) == 0   # 33 prefilled: 32 rows, then 1 through the unpadded decode module
+    assert model.padded_rows(112) == SMALL_PREFILL_LEN - 11   # 111 prefilled: 100 rows, then 11 in 32 rows

@@ -376,7 +376,8 @@ def test_one_recording_per_module_and_only_inputs_and_logits_move(vulkan, monkey
         tokens = [int(np.asarray(model.forward(prompt["ids"]))[0, -1].argmax())]
         tokens.append(int(np.asarray(model.forward([tokens[-1]]))[0, -1].argmax()))
         assert tokens == prompt["greedy"][:2]
-    assert len(recorded) == 2
+    ran = [module for module in model.pool.modules.values() if module.session.pipelines]
+    assert len(ran) >= 2 and len(recorded) == len(ran)   # the decode module and the prefill widths used
     for module in model.pool.modules.values():
         for pipeline, _ in module.session.pipelines.values():
             assert all(pipeline.backend_of(t) is pipeline.backend for s in pipeline.steps for t in s.outputs)

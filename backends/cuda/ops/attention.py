@@ -18,7 +18,6 @@ sliding layer: runtime.attention_mask).
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.ops.base import CudaExecution
 from mnngpu.errors import ConfigError, InputError, MnnGpuError
 from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, grown_capacity, reserve_moves, segments
+from mnngpu.runtime.kv import Slot, attention_scale, grown_capacity, reserve_moves, segments
 
 ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
 MAX_HEAD_DIM = 2 * ATT_TILE
@@ -72,15 +71,6 @@ class KVPool:
         self.slots, self.capacity = slots, capacity
         self.version += 1
         return True
-
-
-class Slot:
-    """A sequence's region in every layer's KVPool; the index goes back to `free` once no cache of
-    the sequence holds it any more (the sequence was dropped)."""
-
-    def __init__(self, index: int, free: list[int]):
-        self.index = index
-        weakref.finalize(self, free.append, index)
 
 
 class DeviceKVCache:

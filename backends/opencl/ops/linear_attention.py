@@ -54,11 +54,14 @@ class LinearAttentionExecution(KernelExecution):
                                                                                else {})}
         self.saves = saves_verify_rows(self.seq, self.backend.config.prefill_len)
         if self.saves:
-            self.state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
+            self.state.room_for_rows(self._saved_rows(), self._row_widths())
         self.launches_for(inputs[0], self.strides, inputs[1], inputs[2], outputs[0], self.seq,
                           self._saved_args() if self.saves else None)
         self.replay: list[Launch] = []   # the kept rows of a verify block again, prepared at the first rollback
         self.replay_saved: dict | None = None   # the saved-row buffers `replay` reads
+
+    def _saved_rows(self) -> int:
+        return saved_rows_room(self.seq, self.backend.config.prefill_widths)
 
     def _row_widths(self) -> dict[str, int]:
         heads = self.node.param.num_v_heads
@@ -110,7 +113,7 @@ class LinearAttentionExecution(KernelExecution):
         if state is not self.state:
             self.state = state
             if self.saves:
-                state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
+                state.room_for_rows(self._saved_rows(), self._row_widths())
             for launch in self.launches:   # every kernel takes its state part as argument 4
                 name = "recurrent" if launch.kernel.function_name == "delta_rule" else "conv"
                 if launch.kernel.function_name != "qk_norm":

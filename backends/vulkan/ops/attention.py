@@ -15,7 +15,6 @@ VulkanEncoderAttention: no cache, every query over every key, the mask input add
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import ConfigError, InputError, MnnGpuError
 from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, quantize_int8, reserve_moves, segments
+from mnngpu.runtime.kv import Slot, attention_scale, quantize_int8, reserve_moves, segments
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 IDLE_ROW = 0xFFFFFFFF   # a rows-table base: the row is no sequence's (shaders/vulkan/kv_place.glsl)
@@ -73,15 +72,6 @@ class KVPool:
         """Room for `slots` sequences, the present ones' regions kept."""
         for buffer, row in self.parts:
             buffer.grow(slots * self.region_rows * row)
-
-
-class Slot:
-    """A sequence's region in every layer's KVPool; the index goes back to `free` once no cache of
-    the sequence holds it any more (the sequence was dropped)."""
-
-    def __init__(self, index: int, free: list[int]):
-        self.index = index
-        weakref.finalize(self, free.append, index)
 
 
 class KVCache:

@@ -53,7 +53,8 @@ class VulkanLinearAttention(VulkanExecution):
         self.control = backend._new_buffer(16, np.int32, backend.step_arena)   # uint rows, save
         self.saves = saves_verify_rows(self.seq, backend.config.prefill_len)
         if self.saves:
-            self.state.room_for_rows(saved_rows_room(self.seq), self._row_widths())
+            room = saved_rows_room(self.seq, backend.config.prefill_widths)
+            self.state.room_for_rows(room, self._row_widths())
         self.bound_saved = self.state.saved if self.saves else None
         saved = list(self.bound_saved.values()) if self.saves else None
         out = outputs[0].device = backend._new_tensor(outputs[0])
