@@ -40,8 +40,7 @@ class RuntimeManager:
                                 thread_num=config.thread_num, max_all_tokens=config.max_all_tokens,
                                 strict_device=config.strict_device, kv_quant=_kv_quant(config),
                                 int8_activations=_int8_activations(config), prefill_len=PREFILL_LEN,
-                                prefill_widths=(prefill_widths() if backend_class(config.backend_type).caps.fixed_shape
-                                                else (PREFILL_LEN,)),
+                                prefill_widths=_prefill_widths(config.backend_type),
                                 **_mapped_files(config))
         manager = cls(ScheduleConfig(config.backend_type, backend))
         manager.kv_meta.attn_scale = config.attn_scale or 0.0
@@ -126,6 +125,14 @@ def _mapped_files(config) -> dict:
         return {}
     needed_by = " and ".join(key for key, value in wanted.items() if value)
     return {**wanted, "tmp_path": str(config.writable_folder("tmp_path", needed_by))}
+
+
+def _prefill_widths(backend_type: str) -> tuple[int, ...]:
+    """A fixed-shape backend's prefill module rows (module_pool.prefill_widths), read once at load; one
+    module of any rows elsewhere. An unknown backend_type is left to create_backend's error, which
+    names the file that set it."""
+    fixed = backend_type in REGISTRY and backend_class(backend_type).caps.fixed_shape
+    return prefill_widths() if fixed else (PREFILL_LEN,)
 
 
 def _int8_activations(config) -> bool:
