@@ -119,20 +119,29 @@ def _halves(builder, vector):
     return [builder.shuffle_vector(vector, vector, ir.Constant(mask, list(range(8 * h, 8 * h + 8)))) for h in (0, 1)]
 
 
+def _vnni_dot(builder, instruction: str, acc, a, b):
+    """acc (16 x int32) plus VNNI's `instruction` (vpdpwssd, vpdpbusd) of a and b: one 512-bit
+    instruction, or two 256-bit ones on their halves; None where the CPU has neither."""
+    if VNNI_WIDTH == 512:
+        dot_type = ir.FunctionType(_V16I32, [_V16I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, f"llvm.x86.avx512.{instruction}.512")
+        return builder.call(dot, [acc, a, b])
+    if VNNI_WIDTH == 256:
+        dot_type = ir.FunctionType(_V8I32, [_V8I32] * 3)
+        dot = cgutils.get_or_insert_function(builder.module, dot_type, f"llvm.x86.avx512.{instruction}.256")
+        low, high = (builder.call(dot, [c, x, y]) for c, x, y in zip(
+            _halves(builder, acc), _halves(builder, a), _halves(builder, b)))
+        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    return None
+
+
 def _lane_dot(builder, acc, words, pair):
     """acc (16 x int32) plus, in each lane l, words[2l] * x0 + words[2l+1] * x1: `words` the 32 int16
     codes (as 16 x i32), `pair` the two int16 inputs (x0, x1) as one i32."""
     pairs = _splat(builder, pair, _V16I32)
-    if VNNI_WIDTH == 512:
-        dot_type = ir.FunctionType(_V16I32, [_V16I32] * 3)
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpwssd.512")
-        return builder.call(dot, [acc, words, pairs])
-    if VNNI_WIDTH == 256:
-        dot_type = ir.FunctionType(_V8I32, [_V8I32] * 3)
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpwssd.256")
-        low, high = (builder.call(dot, [a, w, p]) for a, w, p in zip(
-            _halves(builder, acc), _halves(builder, words), _halves(builder, pairs)))
-        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    vnni = _vnni_dot(builder, "vpdpwssd", acc, words, pairs)
+    if vnni is not None:
+        return vnni
     product = builder.mul(builder.sext(builder.bitcast(words, _V32I16), _V32I32),
                           builder.sext(builder.bitcast(pairs, _V32I16), _V32I32))
     even, odd = (builder.shuffle_vector(product, product, ir.Constant(ir.VectorType(_I32, 16),
@@ -145,16 +154,9 @@ def _lane_dot_bytes(builder, acc, codes, quad):
     """acc (16 x int32) plus, in each lane l, the dot of its 4 unsigned code bytes with the 4 signed
     int8 inputs of `quad` (one i32): VNNI's unsigned-by-signed byte dot (vpdpbusd)."""
     quads = _splat(builder, quad, _V16I32)
-    if VNNI_WIDTH == 512:
-        dot_type = ir.FunctionType(_V16I32, [_V16I32] * 3)
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(dot, [acc, codes, quads])
-    if VNNI_WIDTH == 256:
-        dot_type = ir.FunctionType(_V8I32, [_V8I32] * 3)
-        dot = cgutils.get_or_insert_function(builder.module, dot_type, "llvm.x86.avx512.vpdpbusd.256")
-        low, high = (builder.call(dot, [a, c, q]) for a, c, q in zip(
-            _halves(builder, acc), _halves(builder, codes), _halves(builder, quads)))
-        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    vnni = _vnni_dot(builder, "vpdpbusd", acc, codes, quads)
+    if vnni is not None:
+        return vnni
     product = builder.mul(builder.zext(builder.bitcast(codes, _V64I8), _V64I32),
                           builder.sext(builder.bitcast(quads, _V64I8), _V64I32))
     parts = [builder.shuffle_vector(product, product, ir.Constant(_V16I32, list(range(start, 64, 4))))
