@@ -51,7 +51,7 @@ import httpx
 
 from benchmarks.compare_llama_cpp import LLAMA_CPP_RUNS, load_average
 from benchmarks.machine import cpu_description
-from mnngpu.runtime.module_pool import WIDTHS_ENV
+from mnngpu.backend.widths import WIDTHS_ENV
 
 # Time the compiled kernels, never the numpy stand-ins of a cold kernel cache (mnngpu/jit.py).
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import backend_class
+from mnngpu.backend.kv import Segment, Sequence
+from mnngpu.backend.widths import PREFILL_LEN
 from mnngpu.config import LOAD_TIME_KEYS, ConfigNote, ConfigWarning, LlmConfig, as_overrides
 from mnngpu.embedding import PLE_KEY, DiskEmbedding, PerLayerEmbedding
 from mnngpu.errors import ConfigError, InputError, MnnGpuError, ModelFormatError
 from mnngpu.generation.factory import create_strategy
 from mnngpu.generation.steps import DecodeSteps
 from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
-from mnngpu.runtime.kv import Segment, Sequence
 from mnngpu.runtime.module import Module, ModuleConfig
-from mnngpu.runtime.module_pool import PREFILL_LEN, ModulePool
+from mnngpu.runtime.module_pool import ModulePool
 from mnngpu.runtime.placement import PlacementTable
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
@@ -141,7 +142,7 @@ class Llm:
         self._tokenizer = None
         self._lora_base: Llm | None = None   # create_lora(): the model whose weights this one shares
         self.prefix_cache: PrefixCache | None = None
-        self.cache_layout = None   # runtime.kv.CacheLayout, read at load when the prefix cache is on
+        self.cache_layout = None   # backend.kv.CacheLayout, read at load when the prefix cache is on
         self._verified: list[int] = []   # the last verify block, until discard()
         self.batch_width = 1   # rows of a fixed-shape backend's batched decode module (generation.batch sets it)
         self._hidden_parts: list[np.ndarray] = []   # hidden_states rows of the last forward or verify
@@ -282,7 +283,7 @@ class Llm:
 
     # ---- the forward pass --------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget the KV cache, the recurrent state (runtime.kv.state_step: the next forward keeps no
+        """Forget the KV cache, the recurrent state (backend.kv.state_step: the next forward keeps no
         token, so it starts from zero state) and the history."""
         if self._loaded:
             self.runtime.kv_meta.clear()
@@ -546,7 +547,7 @@ class Llm:
     def discard(self, keep: int) -> None:
         """Keep only the first `keep` ids of the last verify block in the KV cache; the rest are
         removed (KVMeta remove) before the next forward, without reallocating the cache, and a
-        recurrent layer's state rolls back to the kept rows' end then (runtime.kv.state_step)."""
+        recurrent layer's state rolls back to the kept rows' end then (backend.kv.state_step)."""
         block = self._verified
         if not 0 < keep <= len(block):
             raise InputError(f"keep 1..{len(block)} ids of the verify block, got {keep}", field="keep")

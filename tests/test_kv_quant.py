@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import BackendConfig, Node
+from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.cpu import CPUBackend
 from mnngpu.errors import ConfigError
 from mnngpu.format import params as P
-from mnngpu.runtime.kv import KVMeta
 from tests import reference
 from tests.backend.harness import run
 from tests.reference_model import MODEL_DIR, load_model

@@ -1,4 +1,4 @@
-"""LinearAttention (mnngpu/ops/linear_attention.py) and the recurrent state it keeps (runtime/kv.py's
+"""LinearAttention (mnngpu/ops/linear_attention.py) and the recurrent state it keeps (mnngpu/backend/kv.py's
 StateCache), on the CPU backend and on the lfm2 and qwen3_5 fixtures.
 
 Truths: per-token numpy loops written apart from the CPU kernels (here for the short convolution,
@@ -16,13 +16,14 @@ import pytest
 
 from mnngpu import llm as mnngpu_llm
 from mnngpu.backend import BackendConfig, Node
+from mnngpu.backend.kv import HostStateCache, KVMeta, StateCache, StateRollbackError, state_step
+from mnngpu.backend.sequences import cache_nbytes
 from mnngpu.backends.cpu import CPUBackend
 from mnngpu.backends.cpu.kernels import linear_attention as kernels
 from mnngpu.backends.cpu.ops.linear_attention import CHUNK, gated_delta_rule, short_conv
 from mnngpu.errors import ModelFormatError
 from mnngpu.format.params import LinearAttentionParam
 from mnngpu.ops import linear_attention
-from mnngpu.runtime.kv import HostStateCache, KVMeta, StateCache, StateRollbackError, cache_nbytes, state_step
 from tests import reference as numpy_reference
 from tests.backend.harness import OneOp
 from tests.conftest import FIXTURES, reference

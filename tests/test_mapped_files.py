@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import BackendConfig
+from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.cpu import CPUBackend
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime.kv import KVMeta
 from tests.backend.test_cpu_ops import conv_node, run
 from tests.reference_model import MODEL_DIR, load_model, recorded
 

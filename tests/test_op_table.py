@@ -1,4 +1,4 @@
-"""The op table (runtime/op_table.py) agrees with what reads it: every op a graph may name runs on
+"""The op table (mnngpu/ops/op_table.py) agrees with what reads it: every op a graph may name runs on
 the CPU backup or is folded on the host, every backend's executions are table entries, and
 every host rule matches the shape rule."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
+from mnngpu.backend import REGISTRY, Node, Tensor, backend_class, registry
 from mnngpu.errors import BackendUnavailableError, ModelFormatError
 from mnngpu.format import params as P
 from mnngpu.format.enums import OP_TYPE
-from mnngpu.runtime import op_table
+from mnngpu.ops import op_table
 from mnngpu.runtime.validate import runnable_op_types
 
 
@@ -38,7 +38,7 @@ def test_each_backend_table_names_only_table_ops(backend_type):
     except BackendUnavailableError as exc:
         pytest.skip(f"{backend_type} unavailable: {exc}")
     assert set(executions) <= set(op_table.OPS)
-    assert all(backend_type in op_table.implemented_by(name) for name in executions)
+    assert all(backend_type in registry.implemented_by(name) for name in executions)
 
 
 def test_host_rules_agree_with_shape_rules():

@@ -29,14 +29,14 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "default"
 
 from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor  # noqa: E402
+from mnngpu.backend.kv import HostStateCache  # noqa: E402
+from mnngpu.backend.planned import PlannedExecution, Recording  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import CPUEncoderAttention, KVCache  # noqa: E402
 from mnngpu.backends.cpu.ops.linear import CPUConvolution, pack_linear  # noqa: E402
 from mnngpu.ops.linear import is_pointwise, is_windowed  # noqa: E402
-from mnngpu.runtime.kv import HostStateCache  # noqa: E402
-from mnngpu.runtime.planned import PlannedExecution, Recording  # noqa: E402
 
 # Results up to this size are copied into an earlier download's array of the same shape once the
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.
@@ -62,7 +62,7 @@ def _is_small_file_view(array) -> bool:
 
 class CPUBackend(Backend):
     type = "cpu"
-    # kv_transfer: runtime.kv.read_kv / write_kv over these caches (the prefix cache)
+    # kv_transfer: backend.sequences.read_kv / write_kv over these caches (the prefix cache)
     caps = Capabilities(encoder_attention=True, windowed_convolution=True, kv_int8=True, kv_transfer=True,
                         host_weights=True, batched=True)
     executions = EXECUTIONS
@@ -186,10 +186,10 @@ class CPUBackend(Backend):
                                             int8_keys=self.config.kv_quant >= 1, int8_values=self.config.kv_quant == 2)
         return self.kv_caches[layer]
 
-    # ---- recurrent state (runtime.kv.StateCache) ---------------------------------------------------
+    # ---- recurrent state (backend.kv.StateCache) ---------------------------------------------------
     def _state_cache(self, name: str, shapes: dict[str, tuple[int, ...]]) -> HostStateCache:
         """The state of the recurrent op `name`, made zero when absent (kept in `state_caches`; the
-        prefix cache may have put it there, runtime.kv.write_states)."""
+        prefix cache may have put it there, backend.sequences.write_states)."""
         if name not in self.state_caches:
             self.state_caches[name] = HostStateCache(shapes)
         return self.state_caches[name]

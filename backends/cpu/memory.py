@@ -1,7 +1,7 @@
 """Where every activation of one resized pipeline lives: one arena, offsets planned by lifetime.
 
 At the end of a resize the backend knows its executions in run order and the tensors each reads
-and writes (mnngpu.runtime.lifetimes). A tensor's bytes are taken when its producer runs and given
+and writes (mnngpu.backend.lifetimes). A tensor's bytes are taken when its producer runs and given
 back after its last reader, so a 512-token prefill needs a few activations' worth of memory
 instead of one buffer per tensor. View ops (reshapes) own no bytes: their output is the input's
 buffer, re-shaped.
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.runtime.lifetimes import Lifetimes, PlannedStep, lifetimes
+from mnngpu.backend.lifetimes import Lifetimes, PlannedStep, lifetimes
 
 ALIGN = 64  # bytes: a cache line, and the widest vector load
 MMAP_THRESHOLD = 128 * 1024   # bytes: glibc's own starting value

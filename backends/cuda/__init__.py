@@ -27,6 +27,9 @@ import weakref
 import numpy as np
 
 from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor
+from mnngpu.backend.device_caches import PooledKVCaches
+from mnngpu.backend.kv import KVMeta
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.cuda.device import CudaDevice, log
 from mnngpu.backends.cuda.graph import GraphRecorder, Recording
 from mnngpu.backends.cuda.memory import Storage, storage_for
@@ -37,7 +40,6 @@ from mnngpu.backends.cuda.ops.norm import pack_norm
 from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import ROUTING_OPS
-from mnngpu.runtime.kv import KVMeta, PooledKVCaches, segments
 
 FLOAT = np.dtype(np.float32)
 ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
@@ -48,7 +50,7 @@ NO_ROUTING = ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAd
 
 
 class CUDABackend(PooledKVCaches, Backend):
-    pooled_cache = DeviceKVCache   # a sequence's region of a layer's pool (runtime.kv.PooledKVCaches)
+    pooled_cache = DeviceKVCache   # a sequence's region of a layer's pool (backend.device_caches.PooledKVCaches)
     type = "cuda"
     caps = Capabilities(fixed_shape=True, batched=True,
                         lacking={**{op: NO_ROUTING for op in ROUTING_OPS}, "LinearAttention": NO_DEVICE_KERNEL})
@@ -128,7 +130,7 @@ class CUDABackend(PooledKVCaches, Backend):
         self.slots = slots
 
     def _room_for(self, tokens: int) -> None:
-        """Room for `tokens` tokens in every slot of every pool (runtime.kv.grown_capacity)."""
+        """Room for `tokens` tokens in every slot of every pool (backend.kv.grown_capacity)."""
         grown = [pool.grow(tokens=tokens) for pool in self.kv_pools.values()]
         if any(grown):
             self.graphs.invalidate()

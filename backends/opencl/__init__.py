@@ -19,6 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, warn_once
+from mnngpu.backend.planned import PlannedExecution, Recording
 from mnngpu.backends.opencl import memory
 from mnngpu.backends.opencl.device import VARIANTS, log, shared_device
 from mnngpu.backends.opencl.ops import EXECUTIONS
@@ -26,9 +27,7 @@ from mnngpu.backends.opencl.ops.attention import DeviceKVCache
 from mnngpu.backends.opencl.ops.linear import pack_linear
 from mnngpu.backends.opencl.ops.norm import pack_norm
 from mnngpu.errors import ConfigError
-from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime.moe import is_expert_op
-from mnngpu.runtime.planned import PlannedExecution, Recording
+from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 FLOAT = np.dtype(np.float32)
 DEFAULT_MAX_TOKENS = 2048
@@ -110,7 +109,7 @@ class OpenCLBackend(Backend):
             self._write(self.kv_length_buffer, np.array([length], dtype=np.int32))
             self._kv_length = length
 
-    # ---- resize: record, then plan the buffers and bind (runtime/planned.py) -------------------
+    # ---- resize: record, then plan the buffers and bind (mnngpu/backend/planned.py) -------------------
     def onCreate(self, inputs, outputs, node):
         if self.batch is not None and node.type == "LinearAttention":
             # its kernels run one sequence's state (backends/opencl/state.py)

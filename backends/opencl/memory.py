@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import pyopencl as cl
 
-from mnngpu.runtime.lifetimes import PlannedStep, lifetimes
-from mnngpu.runtime.planned import PlannedExecution
+from mnngpu.backend.lifetimes import PlannedStep, lifetimes
+from mnngpu.backend.planned import PlannedExecution
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""A recurrent layer's state in OpenCL buffers: runtime.kv's StateCache protocol for the device
+"""A recurrent layer's state in OpenCL buffers: backend.kv's StateCache protocol for the device
 LinearAttention (ops/linear_attention.py), kept in the backend's `state_caches` under the op's name.
 
-runtime.kv.DeviceStateCache holds what every device's state shares; here, the OpenCL buffers. The
+backend.device_caches.DeviceStateCache holds what every device's state shares; here, the OpenCL buffers. The
 parts are float32 at every precision; the saved input rows are in the backend's float storage.
 Everything a sequence owns is here, none of it in the execution.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.runtime.kv import DeviceStateCache
+from mnngpu.backend.device_caches import DeviceStateCache
 
 FLOAT32 = np.dtype(np.float32)
 

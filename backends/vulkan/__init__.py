@@ -27,6 +27,8 @@ import weakref
 import numpy as np
 
 from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, warn_once
+from mnngpu.backend.device_caches import PooledKVCaches
+from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
@@ -35,9 +37,7 @@ from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
 from mnngpu.backends.vulkan.ops.norm import pack_norm
 from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
 from mnngpu.errors import ConfigError, ModelFormatError
-from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime.kv import KVMeta, PooledKVCaches
-from mnngpu.runtime.moe import is_expert_op
+from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 DEFAULT_MAX_TOKENS = 2048
 ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
@@ -45,7 +45,7 @@ VARIANT_ENV = "MNNGPU_VULKAN_VARIANT"   # "cpu" | "gpu": the kernel family, chos
 
 
 class VulkanBackend(PooledKVCaches, Backend):
-    pooled_cache = KVCache   # a sequence's region of a layer's pool (runtime.kv.PooledKVCaches)
+    pooled_cache = KVCache   # a sequence's region of a layer's pool (backend.device_caches.PooledKVCaches)
     type = "vulkan"
     # kv_int8: attention_mode 1 and 2 (ops/attention.py); storage: the KV cache's and dense weights'
     caps = Capabilities(fixed_shape=True, encoder_attention=True, kv_int8=True, kv_transfer=True, batched=True)

@@ -1,7 +1,7 @@
-"""A recurrent layer's state in Vulkan buffers: runtime.kv's StateCache protocol for the device
+"""A recurrent layer's state in Vulkan buffers: backend.kv's StateCache protocol for the device
 LinearAttention (ops/linear_attention.py), kept in the backend's `state_caches` under the op's name.
 
-runtime.kv.DeviceStateCache holds what every device's state shares; here, the Vulkan buffers (the
+backend.device_caches.DeviceStateCache holds what every device's state shares; here, the Vulkan buffers (the
 parts and the saved input rows all float32). Everything a sequence owns is here, none of it in the
 execution.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.device_caches import DeviceStateCache
 from mnngpu.backends.vulkan.memory import DeviceTensor
-from mnngpu.runtime.kv import DeviceStateCache
 
 FLOAT32 = np.dtype(np.float32)
 

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from mnngpu.apps.families import family_facts
+from mnngpu.backend import registry
 from mnngpu.config import LlmConfig
 from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
-from mnngpu.runtime import op_table
+from mnngpu.ops import op_table
 from mnngpu.runtime.moe import moe_param
 
 
@@ -256,7 +257,7 @@ def op_support(net: Net) -> dict[str, Any]:
     CPU for it; `inspect --backend` shows the per-node placement of a real load."""
     counts = Counter(op.type for graph in [net, *net.subgraphs] for op in graph.ops
                      if op.type not in op_table.SOURCES)
-    tables = op_table.backend_op_tables()
+    tables = registry.backend_op_tables()
     known = op_table.graph_op_types()
     runs_as = {name: (op_table.OPS[name].runs_as or name) if name in known else name for name in counts}
     ops = {name: {"count": count, "host": name in known and op_table.OPS[name].shape_only,

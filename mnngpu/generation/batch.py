@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnngpu.backend import backend_class
+from mnngpu.backend.kv import Sequence
 from mnngpu.errors import ConfigError, InputError
-from mnngpu.runtime.kv import Sequence
 from mnngpu.sampler import Sampler
 
 BATCH_ROWS = 8   # decode rows per forward (see the module's docstring)

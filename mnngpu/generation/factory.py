@@ -5,7 +5,7 @@ need the draft modules MNN's exporter writes next to llm.mnn: a folder without t
 one-line reason at load. EAGLE runs with eagle_topk 1; mnngpu does not run mtp and dflash drafts
 yet, so a folder with them gets a ConfigError too. "draftmodel" appears in MNN's config notes
 only; its engine has no such strategy. On a model with recurrent state (LinearAttention) every
-strategy runs too: a partly rejected verify block rolls the state back (runtime.kv.state_step).
+strategy runs too: a partly rejected verify block rolls the state back (backend.kv.state_step).
 """
 
 from __future__ import annotations

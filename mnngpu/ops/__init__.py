@@ -2,6 +2,6 @@
 op: shape rule, host rule, parameter table, inputs, weight decoding) beside the helpers those
 rules share, and the family's device-kernel limits where several backends read them.
 
-runtime/op_table.py merges the families into the one table the runtime reads; docs/ops.md is
+mnngpu/ops/op_table.py merges the families into the one table the runtime reads; docs/ops.md is
 the checklist for adding an op.
 """

@@ -1,5 +1,5 @@
 """Attention: MNN's fused attention op over (query, key, value[, mask]), with the KV cache the
-runtime keeps (runtime/kv.py); a vision encoder's runs without one."""
+runtime keeps (mnngpu/backend/kv.py); a vision encoder's runs without one."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
 ROWS = {
     "Attention": OpType(attention, param="AttentionParam", param_required=ALWAYS, min_inputs=3),
 }
+
+
+def key_window(mask: Tensor) -> int:
+    """The window an Attention op's mask input carries; 0 (causal only) where it is not a
+    one-value host tensor."""
+    if mask.host is None or mask.host.size != 1:
+        return 0
+    return max(0, int(mask.host.reshape(-1)[0]))

@@ -2,7 +2,7 @@
 generic shape rules (the input's own shape; a host rule run on a zero-cost stand-in).
 
 A family file (mnngpu/ops/<family>.py) lists its op types in `ROWS`, one OpType each;
-runtime/op_table.py merges them into the table the runtime reads.
+mnngpu/ops/op_table.py merges them into the table the runtime reads.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ scales, zeros, bias); its `external` entry in the weight file is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -142,3 +143,8 @@ ROWS = {
     LINEAR_GROUP: OpType(linear_group, fuses="Convolutions reading the same input (q, k, v)"),
     GATED_LINEAR: OpType(gated_linear, fuses="MUL_SILU(up(x), gate(x)) of two Convolutions"),
 }
+
+
+@dataclass
+class FusedLinearParam:
+    members: list[Node]   # Convolution nodes; GatedLinear: [gate, up]

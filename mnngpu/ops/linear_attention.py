@@ -1,5 +1,5 @@
 """LinearAttention: MNN's recurrent layer op (type 305, table LinearAttentionParam), which keeps a
-state from one forward to the next instead of a KV cache (runtime/kv.py's StateCache).
+state from one forward to the next instead of a KV cache (mnngpu/backend/kv.py's StateCache).
 
 What the exporter (llmexport) writes, and what MNN's CPU kernel reads:
 

@@ -1,7 +1,7 @@
 """Data movement: views (Reshape, ConvertTensor, Identity, Squeeze, Unsqueeze), slices and
 gathers (StridedSlice, SliceTf, Gather, GatherV2), Slice (a split into several outputs), Concat,
 and the vision encoders' Transpose, Permute and Unpack. Their numpy semantics are the single
-source: device backends plan their copy kernels from them (runtime/movement.py). Layouts are
+source: device backends plan their copy kernels from them (mnngpu/backend/movement.py). Layouts are
 logical NCHW: an NC4HW4 tensor holds the same values, so ConvertTensor is the identity here.
 """
 

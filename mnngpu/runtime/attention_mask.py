@@ -18,22 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backend import Tensor
-
 
 def mask_feed(attention_type: str, sliding_window: int) -> np.ndarray:
     """The attention_mask input for every forward of a model with this attention_type."""
     if attention_type == "mix":
         return np.array([0, sliding_window], dtype=np.float32).reshape(2, 1, 1, 1, 1)
     return np.zeros((1, 1, 1, 1), dtype=np.float32)
-
-
-def key_window(mask: Tensor) -> int:
-    """The window an Attention op's mask input carries; 0 (causal only) where it is not a
-    one-value host tensor."""
-    if mask.host is None or mask.host.size != 1:
-        return 0
-    return max(0, int(mask.host.reshape(-1)[0]))
 
 
 def sliding_unwindowed_note(attention_type: str, sliding_window: int) -> str | None:

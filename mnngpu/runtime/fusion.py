@@ -21,36 +21,15 @@ weights; the op family files (mnngpu/ops/) name the fused types and give their s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from mnngpu.backend import Node, Tensor
-from mnngpu.ops.movement import strided_slice
+from mnngpu.backend import Node
+from mnngpu.ops.linear import FusedLinearParam
+from mnngpu.ops.op_table import FUSED_PREFIX, GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: F401 (fusion.ROPE, ...)
+from mnngpu.ops.rope import RoPEParam
 from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime import op_table
 from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.moe import sparse_experts
-from mnngpu.runtime.op_table import FUSED_PREFIX, GATED_LINEAR, LINEAR_GROUP, ROPE  # noqa: F401 (fusion.ROPE, ...)
-
-
-@dataclass
-class FusedLinearParam:
-    members: list[Node]   # Convolution nodes; GatedLinear: [gate, up]
-
-
-@dataclass
-class RoPEParam:
-    """The rotate-half pattern. `ops` are the original ops (global tensor ids); `inputs` maps a
-    fused-node input position to its global tensor id, `output` is the pattern's result id."""
-
-    slice_hi: Node        # x[..., s:]  (negated)
-    slice_lo: Node        # x[..., :s]
-    n_hi: int             # bound inputs of slice_hi (after x); slice_lo's follow them
-    concat_axis: int
-    ops: list = field(default_factory=list)
-    inputs: list[int] = field(default_factory=list)
-    output: int = -1
 
 
 class _Graph:
@@ -180,39 +159,3 @@ def _match_rope(graph: _Graph, add):
                                                        neg.inputs[0])} | {graph.ops.index(add)}
                 return x, cos, sin, hi, lo, concat, pattern
     return None
-
-
-def rope_split(node: Node, inputs: list[Tensor]) -> int | None:
-    """The split point s of a fused RoPE node at resize, or None when its slices and concat are not
-    x[..., s:] and x[..., :s] along the last axis (then evaluate `param.ops` as exported)."""
-    p: RoPEParam = node.param
-    x = inputs[0]
-    bounds = inputs[3:]
-    if any(t.host is None for t in bounds) or len(x.shape) < 1:
-        return None
-    dim = x.shape[-1]
-    index = np.broadcast_to(np.arange(dim, dtype=np.int32), x.shape)
-    try:
-        hi = strided_slice(p.slice_hi, [index, *(t.host for t in bounds[:p.n_hi])])
-        lo = strided_slice(p.slice_lo, [index, *(t.host for t in bounds[p.n_hi:])])
-    except (IndexError, ValueError, TypeError):
-        return None
-    split = lo.shape[-1] if lo.ndim == index.ndim else -1
-    if p.concat_axis not in (-1, len(x.shape) - 1) or not 0 < split < dim:
-        return None
-    if hi.shape != x.shape[:-1] + (dim - split,) or lo.shape != x.shape[:-1] + (split,):
-        return None
-    if not (np.array_equal(hi, np.broadcast_to(np.arange(split, dim), hi.shape))
-            and np.array_equal(lo, np.broadcast_to(np.arange(split), lo.shape))):
-        return None
-    return split
-
-
-def evaluate_rope_ops(node: Node, values: list[np.ndarray]) -> np.ndarray:
-    """The fused RoPE's result computed op by op as exported (values: the fused node's inputs)."""
-    p: RoPEParam = node.param
-    env = dict(zip(p.inputs, values))
-    for op in p.ops:
-        results = op_table.evaluate(op.node, [env[t] for t in op.inputs])
-        env.update(zip(op.outputs, results))
-    return env[p.output]

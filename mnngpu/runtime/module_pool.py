@@ -11,45 +11,16 @@ prompt's last short piece, runs through the smallest of the prefill widths that 
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-from mnngpu.errors import ConfigError
+from mnngpu.backend.widths import PREFILL_LEN
 
-# NetModule only names a type here: schedule.py reads PREFILL_LEN, and module.py imports schedule.
 if TYPE_CHECKING:
     from mnngpu.runtime.module import NetModule
 
-PREFILL_LEN = 100   # rows of a prefill chunk; schedule.py hands it to the backends (prefill_len)
-SMALL_PREFILL_LEN = 32   # rows of the short prefill module of a fixed-shape backend
-WIDTHS_ENV = "MNNGPU_PREFILL_WIDTHS"   # e.g. "16,100"; "100" pads every chunk to PREFILL_LEN rows
 # What one more forward costs beyond its rows, in rows: on lavapipe a forward's fixed cost is that of
 # about 5 rows; a GPU's launches cost more. Two 32-row forwards (80) beat one of 100 rows (108).
 FORWARD_ROWS = 8
-
-
-def prefill_widths() -> tuple[int, ...]:
-    """The rows of a fixed-shape backend's prefill modules, smallest first, PREFILL_LEN the largest
-    (the KV cache is padded for it): SMALL_PREFILL_LEN and PREFILL_LEN unless WIDTHS_ENV lists others."""
-    wanted = os.environ.get(WIDTHS_ENV)
-    if wanted is None:
-        return (SMALL_PREFILL_LEN, PREFILL_LEN)
-    try:
-        widths = {int(part) for part in wanted.split(",")}
-    except ValueError:
-        widths = set()
-    if not widths or not all(2 <= width <= PREFILL_LEN for width in widths):
-        raise ConfigError(f"{wanted!r}: expected comma-separated row counts from 2 to {PREFILL_LEN}",
-                          field=WIDTHS_ENV)
-    return tuple(sorted(widths | {PREFILL_LEN}))
-
-
-def saved_rows_room(seq: int, widths: tuple[int, ...]) -> int:
-    """The rows a recurrent layer keeps room to save in a fixed-shape module of `seq` rows that may
-    run a verify block (ops.linear_attention.saves_verify_rows): at least the largest short prefill
-    width, since such a module cannot be told from the verify module by its rows. The recorded
-    kernels bind the saved-row buffers, so all of them then bind the same ones, whichever resizes first."""
-    return max([seq, *(width for width in widths if width < PREFILL_LEN)])
 
 
 class ModulePool:

@@ -24,7 +24,7 @@ said in one warning line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,87 +32,19 @@ from mnngpu.backend import Node, Tensor, warn_once
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
 from mnngpu.format.net import Op, SubGraph
+from mnngpu.ops import op_table
 from mnngpu.ops.common import shape_stand_in
 from mnngpu.ops.movement import VIEW_OPS, strided_slice
-from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime import op_table
+from mnngpu.ops.op_table import EXPERT_ADD
+from mnngpu.ops.routing import (
+    EXPERT_PREFIX,
+    SPARSE_MOE,
+    ExpertAddParam,
+    MoEParam,
+    SparseExpert,
+    SparseMoEParam,
+)
 from mnngpu.runtime.graph import GraphOp
-from mnngpu.runtime.op_table import EXPERT_ADD
-
-EXPERT_PREFIX = "/expert/"   # every inlined expert op's name starts with its subgraph's, /expert/{layer}_{i}
-
-
-def is_expert_op(name: str) -> bool:
-    """Whether a node is one of an inlined expert's ops (a backend that packs the experts of a
-    SPARSE_MOE node together leaves their Convolutions unpacked at load)."""
-    return name.startswith(EXPERT_PREFIX)
-
-
-@dataclass(frozen=True)
-class MoEParam:
-    num_experts: int
-    top_k: int
-    layer_id: int
-
-
-@dataclass(frozen=True)
-class ExpertAddParam:
-    """The EXPERT_ADD node: inputs [expert output (seq, H), weights, selected(, acc)]; weights and
-    selected hold top_k entries per row."""
-
-    expert: int
-    top_k: int
-    moe: str = ""                   # the MoE op this expert belongs to
-    hidden: int = -1                # the tensor the expert reads
-    ops: tuple[str, ...] = ()       # the names of the expert's inlined ops
-
-
-@dataclass
-class SparseExpert:
-    """One expert of a SPARSE_MOE node: out = down(up * silu(gate)), [gate | up] = gate_up(x)."""
-
-    gate_up: Node       # Convolution, 2 * width outputs
-    down: Node          # Convolution, width inputs
-    gate_first: bool    # the gate is gate_up's first half (the exporter's chunk(2) order)
-
-
-@dataclass
-class SparseMoEParam:
-    """SPARSE_MOE: inputs [hidden (rows, H), routing weights (.., rows, top_k), expert ids
-    (.., rows, top_k) int32]; out[t] = sum_j w[t, j] * expert_{ids[t, j]}(hidden[t])."""
-
-    num_experts: int
-    top_k: int
-    experts: list[SparseExpert]
-    members: list[Node] = field(default_factory=list)   # every expert's Convolutions, for the packing
-
-
-def raw_expert_weights(experts: list[SparseExpert]) -> tuple[list, list]:
-    """Every expert's (gate_up, down) raw weights, as the load left them (a backend that stacks the
-    experts leaves them unpacked), else decoded again from the weight file."""
-    layers = [tuple(layer.weights.get("weight") or layer.source()["weight"] for layer in (e.gate_up, e.down))
-              for e in experts]
-    return [gate_up for gate_up, _ in layers], [down for _, down in layers]
-
-
-def unstackable(gate_ups: list, downs: list, experts: list[SparseExpert]) -> str | None:
-    """Why the experts' layers cannot be stacked in one buffer each (they differ in kind, shape or
-    gate half); None when they can."""
-    for layers in (gate_ups, downs):
-        first = layers[0]
-        if any((w.oc, w.ic, w.block_size, w.bits, w.bias is None)
-               != (first.oc, first.ic, first.block_size, first.bits, first.bias is None) for w in layers):
-            return "its experts' layers differ in kind or shape"
-    if gate_ups[0].oc % 2 or len({expert.gate_first for expert in experts}) != 1:
-        return "its experts differ in which half of gate_up is the gate"
-    return None
-
-
-def drop_raw_weights(experts: list[SparseExpert]) -> None:
-    """Once a backend has stacked the experts: their raw weights go (a CPU backup decodes them again)."""
-    for expert in experts:
-        expert.gate_up.weights.pop("weight", None)
-        expert.down.weights.pop("weight", None)
 
 
 def moe_param(net: Net, op: Op, where: str) -> MoEParam:

@@ -20,9 +20,9 @@ import numpy as np
 
 from mnngpu.backend import Backend, Node, Tensor
 from mnngpu.errors import BackendUnavailableError, ModelFormatError
+from mnngpu.ops import op_table
 from mnngpu.ops.common import shape_stand_in
 from mnngpu.ops.linear import is_windowed
-from mnngpu.runtime import op_table
 from mnngpu.runtime.graph import GraphOp, op_errors_named
 
 HOST = "host"   # the placement of an op folded on the host at resize

@@ -12,9 +12,9 @@ decides its contents, so no caller has to:
 
 A file is the magic, a JSON header (model key, ids, per-layer shapes, and each recurrent layer's
 state shapes), each layer's keys then values as float32 (kv_heads, length, head_dim), each
-recurrent layer's state after the ids (LinearAttention, runtime.kv.StateCache: its parts as float32,
+recurrent layer's state after the ids (LinearAttention, backend.kv.StateCache: its parts as float32,
 by op name then part name), and a BLAKE2b digest of all that. A file whose digest, model key, ids,
-layers or state shapes do not match the model (runtime.kv.CacheLayout) is refused with
+layers or state shapes do not match the model (backend.kv.CacheLayout) is refused with
 CacheFileError and never used. Version 1 files hold no state: a model with recurrent layers refuses
 them.
 """
@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from mnngpu.backend import Backend
+from mnngpu.backend.kv import CacheLayout, Layers, States
+from mnngpu.backend.sequences import read_kv, read_states, write_kv, write_states
 from mnngpu.errors import CacheFileError
-from mnngpu.runtime.kv import CacheLayout, Layers, States, read_kv, read_states, write_kv, write_states
 
 MAGIC = b"MNNGPUKV"
 VERSION = 2

@@ -13,10 +13,11 @@ import warnings
 from dataclasses import dataclass, field
 
 from mnngpu.backend import REGISTRY, Backend, BackendConfig, backend_class, create_backend
+from mnngpu.backend.kv import KVMeta, Segment, Sequence
+from mnngpu.backend.sequences import enter
+from mnngpu.backend.widths import PREFILL_LEN, prefill_widths
 from mnngpu.config import ConfigWarning
 from mnngpu.errors import ConfigError
-from mnngpu.runtime.kv import KVMeta, Segment, Sequence, enter
-from mnngpu.runtime.module_pool import PREFILL_LEN, prefill_widths
 from mnngpu.runtime.placement import PlacementTable
 
 
@@ -63,7 +64,7 @@ class RuntimeManager:
 
     @contextlib.contextmanager
     def batched(self, segments: list[Segment]):
-        """A forward whose rows belong to several sequences, `segments` saying whose (runtime.kv.segments)."""
+        """A forward whose rows belong to several sequences, `segments` saying whose (backend.sequences.segments)."""
         backends = self._backends()
         for backend in backends:
             backend.batch = segments
@@ -128,7 +129,7 @@ def _mapped_files(config) -> dict:
 
 
 def _prefill_widths(backend_type: str) -> tuple[int, ...]:
-    """A fixed-shape backend's prefill module rows (module_pool.prefill_widths), read once at load; one
+    """A fixed-shape backend's prefill module rows (backend.widths.prefill_widths), read once at load; one
     module of any rows elsewhere. An unknown backend_type is left to create_backend's error, which
     names the file that set it."""
     fixed = backend_type in REGISTRY and backend_class(backend_type).caps.fixed_shape

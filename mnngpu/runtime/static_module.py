@@ -15,8 +15,8 @@ from mnngpu.backend import Node
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
 from mnngpu.format.weights import WeightFile
+from mnngpu.ops import op_table
 from mnngpu.ops.common import DTYPES
-from mnngpu.runtime import op_table
 from mnngpu.runtime.fusion import fuse
 from mnngpu.runtime.graph import GraphOp
 from mnngpu.runtime.schedule import RuntimeManager
@@ -28,7 +28,7 @@ HOST_INPUTS = frozenset({"logits_index", "attention_mask"})
 
 
 def decode_weights(op, weights: WeightFile) -> dict:
-    """The op's weights, decoded by its family's rule (runtime/op_table.py); {} for an op without."""
+    """The op's weights, decoded by its family's rule (mnngpu/ops/op_table.py); {} for an op without."""
     return op_table.decode_weights(op.type, op.param, op.name, weights)
 
 

@@ -22,14 +22,14 @@ or a wrong shape at the first forward:
 
 from __future__ import annotations
 
+from mnngpu.backend.kv import CacheLayout
 from mnngpu.config import LlmConfig
 from mnngpu.embedding import DiskEmbedding
 from mnngpu.errors import ConfigError, ModelFormatError, WeightFileError
 from mnngpu.format import Net, Op, read_net
 from mnngpu.ops import linear_attention
-from mnngpu.runtime.kv import CacheLayout
+from mnngpu.ops.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 from mnngpu.runtime.moe import expert_subgraphs
-from mnngpu.runtime.op_table import ALWAYS, OPS, SOURCES, WITHOUT_SECOND_INPUT, graph_op_types
 
 # The graph inputs Llm feeds at every forward, and the output it reads.
 FEEDS = ("input_ids", "attention_mask", "position_ids", "logits_index")

@@ -9,7 +9,15 @@ from pathlib import Path
 from mnngpu.errors import TokenizerError
 from mnngpu.tokenizer import bert, huggingface, mtok, sentencepiece, tiktoken
 from mnngpu.tokenizer.base import Tokenizer
-from mnngpu.tokenizer.header import BERT, HUGGINGFACE, MAGIC_NUMBER, MTOK, SENTENCEPIECE, TIKTOKEN, read_header
+from mnngpu.tokenizer.header import (
+    BERT,
+    HUGGINGFACE,
+    MAGIC_NUMBER,
+    MTOK,
+    SENTENCEPIECE,
+    TIKTOKEN,
+    read_header,
+)
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.txt"  # MNN's default for a config without tokenizer_file
 LOADERS = {SENTENCEPIECE: sentencepiece.load, TIKTOKEN: tiktoken.load, BERT: bert.load,

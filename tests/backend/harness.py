@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import Backend, BackendConfig, Node, Tensor
+from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.cuda.memory import BF16
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
-from mnngpu.runtime import fusion, op_table, placement
-from mnngpu.runtime.kv import KVMeta
+from mnngpu.ops import op_table
+from mnngpu.ops.linear import FusedLinearParam
+from mnngpu.runtime import placement
 from mnngpu.runtime.pipeline import Pipeline
 from tests import reference
 
@@ -184,4 +186,4 @@ def linear_reference(x: np.ndarray, dense: np.ndarray, bias) -> np.ndarray:
 
 def fused_linear(kind: str, weights: list[QuantizedLinear]) -> Node:
     """runtime/fusion.py's LinearGroup / GatedLinear node over Convolutions."""
-    return Node(kind, "fused", fusion.FusedLinearParam([conv_node(w, f"m{i}") for i, w in enumerate(weights)]))
+    return Node(kind, "fused", FusedLinearParam([conv_node(w, f"m{i}") for i, w in enumerate(weights)]))

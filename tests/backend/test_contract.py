@@ -1,6 +1,6 @@
 """The backend contract: every registered backend offers exactly the methods mnngpu.backend.Backend
 declares (what its own executions call on it is private, a leading underscore), declares one
-Capabilities record, and keeps KV caches that follow runtime.kv.KVCache. Every backend folder has
+Capabilities record, and keeps KV caches that follow backend.kv.KVCache. Every backend folder has
 the same skeleton, its op table in ops/__init__.py and its Executions in files named after the
 core op families (mnngpu/ops/)."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import REGISTRY, Backend, Capabilities, backend_class
+from mnngpu.backend.kv import KVCache
 from mnngpu.errors import BackendUnavailableError
-from mnngpu.runtime.kv import KVCache
 from tests.backend.harness import make
 
 MAX_METHODS = 10

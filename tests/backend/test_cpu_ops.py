@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import BackendConfig, Node, Tensor
+from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.cpu import CPUBackend
 from mnngpu.backends.cpu.ops import linear
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
 from mnngpu.runtime import fusion
-from mnngpu.runtime.kv import KVMeta
 from mnngpu.runtime.pipeline import GraphOp
 from tests import reference
 from tests.backend.harness import (

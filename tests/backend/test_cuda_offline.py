@@ -19,9 +19,10 @@ import pytest
 
 from mnngpu import llm as mnngpu_llm
 from mnngpu.backend import Node
+from mnngpu.backend.kv import KVMeta, Segment, Sequence
+from mnngpu.backend.sequences import enter
 from mnngpu.errors import ConfigError, InputError
 from mnngpu.generation.batch import Batch
-from mnngpu.runtime.kv import KVMeta, Segment, Sequence, enter
 from tests import reference
 from tests.backend import cuda_offline
 from tests.backend.harness import OneOp, _cuda

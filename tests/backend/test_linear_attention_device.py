@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import Node
+from mnngpu.backend.kv import KVMeta, StateCache
+from mnngpu.backend.sequences import read_states, write_states
 from mnngpu.errors import MnnGpuError
 from mnngpu.format.params import LinearAttentionParam
 from mnngpu.ops import linear_attention
-from mnngpu.runtime.kv import KVMeta, StateCache, read_states, write_states
 from tests import reference as numpy_reference
 from tests.backend.harness import OneOp, close, make, stored
 from tests.test_linear_attention import short_conv_by_token

@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("pyopencl")
 
 from mnngpu.backend import BackendConfig, Node, Tensor
+from mnngpu.backend.kv import KVMeta
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.format import params as P
-from mnngpu.runtime import op_table
-from mnngpu.runtime.kv import KVMeta
+from mnngpu.ops import op_table
 from tests import reference
 from tests.backend.harness import KINDS, OneOp, close, make
 from tests.conftest import FIXTURES

@@ -559,8 +559,8 @@ def test_reduction(backend, op, numpy_op, axes, keep):
 def test_expert_add_chain_is_the_sparse_mixture(backend):
     """MoE inlined: one ExpertAdd per expert, over every expert's output, equals each token's sum
     over only its selected experts."""
-    from mnngpu.runtime.moe import ExpertAddParam
-    from mnngpu.runtime.op_table import EXPERT_ADD
+    from mnngpu.ops.op_table import EXPERT_ADD
+    from mnngpu.ops.routing import ExpertAddParam
 
     rng = np.random.default_rng(24)
     tokens, width, experts, k = 5, 40, 4, 2

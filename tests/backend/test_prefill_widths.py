@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mnngpu.backend.widths import PREFILL_LEN, SMALL_PREFILL_LEN, WIDTHS_ENV, prefill_widths
 from mnngpu.errors import ConfigError
-from mnngpu.runtime.module_pool import PREFILL_LEN, SMALL_PREFILL_LEN, WIDTHS_ENV, ModulePool, prefill_widths
+from mnngpu.runtime.module_pool import ModulePool
 from tests.conformance.test_fixture_models import LOGIT_TOLERANCE, greedy, load
 from tests.conftest import backend_or_skip, reference
 

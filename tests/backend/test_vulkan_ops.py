@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from mnngpu.backend import BackendConfig, Node, Tensor
+from mnngpu.backend.kv import KVMeta
 from mnngpu.errors import InputError
 from mnngpu.format import params as P
 from mnngpu.format.quant import QuantizedLinear
 from mnngpu.runtime import fusion
-from mnngpu.runtime.kv import KVMeta
 from tests import reference
 from tests.backend import harness
 from tests.backend.harness import OneOp, run, run_graph

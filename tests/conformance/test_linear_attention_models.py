@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnngpu.runtime.kv import StateCache
+from mnngpu.backend.kv import StateCache
 from tests.conformance.test_fixture_models import LOGIT_TOLERANCE, greedy, load
 from tests.conftest import backend_or_skip, reference
 

@@ -16,11 +16,11 @@ from mnngpu.errors import ModelFormatError
 from mnngpu.format import params as P
 from mnngpu.format import read_net
 from mnngpu.format.weights import WeightFile
-from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime import op_table
+from mnngpu.ops import op_table
+from mnngpu.ops.op_table import EXPERT_ADD
+from mnngpu.ops.routing import SPARSE_MOE, ExpertAddParam
 from mnngpu.runtime.graph import GraphOp
-from mnngpu.runtime.moe import ExpertAddParam, inline_experts, sparse_experts
-from mnngpu.runtime.op_table import EXPERT_ADD
+from mnngpu.runtime.moe import inline_experts, sparse_experts
 from tests.conformance.test_fixture_models import greedy, load
 from tests.conftest import FIXTURES, backend_or_skip
 

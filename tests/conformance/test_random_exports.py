@@ -68,9 +68,8 @@ def exported(seed: int, root: str) -> tuple[Path, dict, np.ndarray]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_export_matches_mnn(seed, backend_type, tmp_path_factory):
-    from tests.conformance.test_fixture_models import LOGIT_TOLERANCE, greedy
-
     from mnngpu import llm as mnngpu_llm
+    from tests.conformance.test_fixture_models import LOGIT_TOLERANCE, greedy
 
     model_dir, ref, first_logits = exported(seed, str(tmp_path_factory.getbasetemp() / "random_exports"))
     model = mnngpu_llm.create(model_dir)

@@ -12,11 +12,11 @@ import pytest
 
 from mnngpu.apps.cli import main
 from mnngpu.apps.inspect import format_inspect_table, inspect_model
-from mnngpu.backend import REGISTRY, backend_class
+from mnngpu.backend import REGISTRY, backend_class, registry
 from mnngpu.config import LlmConfig
 from mnngpu.errors import BackendUnavailableError, ConfigError
 from mnngpu.format.enums import OP_TYPE
-from mnngpu.runtime import op_table
+from mnngpu.ops import op_table
 from tests.format import fb_writer as fbw
 from tests.format.format_truth import FIXTURE_NAMES, family, fixture_dir, hf_config, needs_fixtures, reference
 
@@ -107,9 +107,9 @@ def test_a_folder_without_model_type_gets_one_family_line(tmp_path):
 
 @needs_fixtures
 def test_a_backend_lacking_an_op_is_shown_falling_back_to_the_cpu(monkeypatch):
-    real = op_table.backend_op_tables()
+    real = registry.backend_op_tables()
     narrowed = {**real, "opencl": (real["cpu"] or frozenset()) - {"LayerNorm"}, "cuda": None}
-    monkeypatch.setattr(op_table, "backend_op_tables", lambda: narrowed)
+    monkeypatch.setattr(registry, "backend_op_tables", lambda: narrowed)
     info = inspect_model(fixture_dir(FIXTURE_NAMES[0]))
     backends = info["support"]["backends"]
     assert backends["opencl"]["cpu_fallback"] == ["LayerNorm"] and backends["vulkan"]["cpu_fallback"] == []

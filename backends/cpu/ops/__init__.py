@@ -18,9 +18,9 @@ from mnngpu.backends.cpu.ops.rope import CPURoPE
 from mnngpu.backends.cpu.ops.routing import CPUSparseMoE
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
 from mnngpu.ops.movement import VIEW_OPS
+from mnngpu.ops.op_table import OPS
 from mnngpu.ops.rope import ROPE
 from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime.op_table import OPS
 
 EXECUTIONS = {
     **{name: HostOpExecution for name, op in OPS.items() if op.host and not op.shape_only},

@@ -16,11 +16,12 @@ import numba
 import numpy as np
 
 from mnngpu import jit
+from mnngpu.backend.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.cpu.kernels import fastmath
 from mnngpu.backends.cpu.kernels.intrinsics import ROW_CHUNK, key_scores, weighted_rows
 from mnngpu.backends.cpu.ops.base import CPUExecution
-from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves, segments
+from mnngpu.ops.attention import key_window
 
 # Query positions per prefill score tile: a tile's scores (32 queries x 7 heads of a KV head x
 # 512 keys) stay in a 1 MB L2 between the two multiplies and the softmax; 128 did not, and took
@@ -37,7 +38,7 @@ def _zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
 
 
 class KVCache:
-    """One layer's keys and values (a runtime.kv.KVCache): (kv_heads, capacity, head_dim), grown by half.
+    """One layer's keys and values (a backend.kv.KVCache): (kv_heads, capacity, head_dim), grown by half.
 
     float32, or with `int8_keys` / `int8_values` (attention_mode 1 and 2, as MNN numbers them)
     int8 codes beside a float32 scale per head and token (`k_scale`, `v_scale`; all ones for a

@@ -1,4 +1,4 @@
-"""The CPU executions' common shape: planned executions (runtime/planned.py) over numpy arrays.
+"""The CPU executions' common shape: planned executions (mnngpu/backend/planned.py) over numpy arrays.
 
 `onResize` keeps the tensors and does shape-only setup (`plan`); the backend lays every
 buffer into one arena at the end of the resize (backends/cpu/memory.py) and then calls `bind()`
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.runtime import op_table
-from mnngpu.runtime.planned import PlannedExecution
+from mnngpu.backend.planned import PlannedExecution
+from mnngpu.ops import op_table
 
 
 class CPUExecution(PlannedExecution):

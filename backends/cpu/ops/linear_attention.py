@@ -1,6 +1,6 @@
 """LinearAttention on the CPU (mnngpu/ops/linear_attention.py): the short convolution (LFM2) and the
 gated delta rule (Qwen3.5), with each layer's state kept in the backend's `state_caches` (a
-runtime.kv.HostStateCache).
+backend.kv.HostStateCache).
 
 A forward takes its rows all at once: the short convolution is `kernel` shifted multiply-adds over
 the rows (no loop over tokens); the delta rule runs in backends/cpu/kernels/linear_attention.py's
@@ -10,7 +10,7 @@ padded prefill chunk only the first KVMeta.add rows are real; only they enter th
 `_run_sequence(state, meta, start, rows)` is one sequence's part of a forward: its rows, its KVMeta
 and its state. onExecute runs it once over all rows with the backend's own.
 
-Rollback (runtime.kv.state_step): in a forward KVMeta marks `verify`, the state cache keeps the
+Rollback (backend.kv.state_step): in a forward KVMeta marks `verify`, the state cache keeps the
 state from before it and the forward's real input rows. When the next forward removes r of its n
 rows, the layer puts that state back and runs the first n - r rows again, through the same kernel
 as a forward of those rows, so the state is the one such a forward leaves, bit for bit. Any other
@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu import jit
+from mnngpu.backend.kv import HostStateCache, KVMeta, state_step
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.cpu.kernels.linear_attention import (
     CHUNK,
     conv_silu_rows,
@@ -30,7 +32,6 @@ from mnngpu.backends.cpu.kernels.linear_attention import (
 )
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.ops.linear_attention import GATED_DELTA_RULE, state_shapes, token_rows
-from mnngpu.runtime.kv import HostStateCache, KVMeta, segments, state_step
 
 SERIAL_ROWS = 4   # up to this many rows (decode, a short verify block) the delta rule runs on one thread
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from mnngpu import jit
 from mnngpu.backends.cpu.ops.base import CPUExecution
-from mnngpu.runtime.fusion import evaluate_rope_ops, rope_split
+from mnngpu.ops.op_table import evaluate_rope_ops
+from mnngpu.ops.rope import rope_split
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)

@@ -26,9 +26,8 @@ from mnngpu.backends.cpu.kernels import linear_kernels
 from mnngpu.backends.cpu.kernels.intrinsics import LANES
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.backends.cpu.ops.linear import CPUGatedLinear, CPULinear, PackedLinear
-from mnngpu.ops.linear import GATED_LINEAR
-from mnngpu.runtime.fusion import FusedLinearParam
-from mnngpu.runtime.moe import SparseExpert
+from mnngpu.ops.linear import GATED_LINEAR, FusedLinearParam
+from mnngpu.ops.routing import SparseExpert
 
 
 def half_rows(packed: PackedLinear, first: bool) -> PackedLinear | None:

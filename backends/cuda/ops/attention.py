@@ -18,14 +18,15 @@ sliding layer: runtime.attention_mask).
 
 from __future__ import annotations
 
-
 import numpy as np
 
+from mnngpu.backend.device_caches import Slot
+from mnngpu.backend.kv import attention_scale, grown_capacity, reserve_moves
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.ops.base import CudaExecution
 from mnngpu.errors import ConfigError, InputError, MnnGpuError
-from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import Slot, attention_scale, grown_capacity, reserve_moves, segments
+from mnngpu.ops.attention import key_window
 
 ATT_TILE = 128                # threads per block of the attention kernel (attention.cu)
 MAX_HEAD_DIM = 2 * ATT_TILE
@@ -55,7 +56,7 @@ class KVPool:
         return 2 * self.kv_heads * self.capacity * self.head_dim * self.storage.itemsize
 
     def grow(self, slots: int | None = None, tokens: int = 0) -> bool:
-        """Room for `slots` sequences of `tokens` tokens each (runtime.kv.grown_capacity), the
+        """Room for `slots` sequences of `tokens` tokens each (backend.kv.grown_capacity), the
         present regions kept; True when the arrays were replaced."""
         slots = max(slots or self.slots, self.slots)
         capacity = grown_capacity(self.capacity, tokens)
@@ -74,7 +75,7 @@ class KVPool:
 
 
 class DeviceKVCache:
-    """One layer's cache of one sequence (a runtime.kv.KVCache): its slot's region of the layer's
+    """One layer's cache of one sequence (a backend.kv.KVCache): its slot's region of the layer's
     KVPool, storage dtype [kv_heads, capacity, head_dim] per side."""
 
     def __init__(self, pool: KVPool, slot: Slot):

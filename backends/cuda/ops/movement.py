@@ -2,7 +2,7 @@
 
 The view ops (mnngpu.ops.movement.VIEW_OPS) change no values, so their output is the input's
 buffer and they cost nothing per step. StridedSlice, GatherV2 and Concat are planned by
-mnngpu.runtime.movement from their host rules, so their semantics stay written once, in
+mnngpu.backend.movement from their host rules, so their semantics stay written once, in
 mnngpu/ops/movement.py.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Execution, Tensor
+from mnngpu.backend.movement import concat_destinations, gather_sources
 from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.ops.base import CudaExecution
-from mnngpu.runtime.movement import concat_destinations, gather_sources
 
 
 class ViewExecution(Execution):

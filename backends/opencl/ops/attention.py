@@ -23,16 +23,17 @@ import math
 import numpy as np
 import pyopencl as cl
 
+from mnngpu.backend.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.opencl.ops.base import FLAT_GROUP, KernelExecution, Launch
 from mnngpu.errors import MnnGpuError
-from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves, segments
+from mnngpu.ops.attention import key_window
 
 ATT_WG = 64  # attention_group's work-group size (attention.cl)
 
 
 class DeviceKVCache:
-    """One layer's keys and values (a runtime.kv.KVCache): real_t [kv_heads, capacity, head_dim]
+    """One layer's keys and values (a backend.kv.KVCache): real_t [kv_heads, capacity, head_dim]
     each, or int8 codes with a float scale per [kv_heads, capacity] row (`int8`: keys, values;
     attention_mode 1, 2)."""
 
@@ -60,7 +61,7 @@ class DeviceKVCache:
                                    self.kv_heads * self.capacity * row_bytes)
 
     def ensure(self, length: int) -> None:
-        """Room for `length` tokens (runtime.kv.grown_capacity)."""
+        """Room for `length` tokens (backend.kv.grown_capacity)."""
         capacity = grown_capacity(self.capacity, length)
         if capacity == self.capacity:
             return

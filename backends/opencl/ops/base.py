@@ -1,4 +1,4 @@
-"""What every OpenCL Execution shares: KernelExecution, a planned execution (runtime/planned.py)
+"""What every OpenCL Execution shares: KernelExecution, a planned execution (mnngpu/backend/planned.py)
 that prepares its kernels at onResize and only enqueues them at onExecute, and the int8 vectors
 the kernels take shapes and strides in.
 
@@ -17,7 +17,7 @@ import pyopencl as cl
 from pyopencl import cltypes
 
 from mnngpu.backend import Tensor
-from mnngpu.runtime.planned import PlannedExecution
+from mnngpu.backend.planned import PlannedExecution
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Launch:
 # so leaving the choice to the driver would compile each kernel again for every tensor shape.
 FLAT_GROUP = (64,)
 # Shapes and strides reach the kernels as int8 vectors, padded; the strides themselves are planned
-# in mnngpu.runtime.movement, shared by every backend.
+# in mnngpu.backend.movement, shared by every backend.
 MAX_RANK = 8
 
 

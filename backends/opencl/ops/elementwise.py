@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.movement import broadcast_strides, coalesce
 from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
 from mnngpu.errors import ModelFormatError
 from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
-from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 # The op types elementwise.cl has a kernel for (binary_flat_<op>, unary_<op>).
 BINARY_OPS = frozenset(BINARY_CODES)   # the kernels are named after the ops

@@ -9,7 +9,7 @@ A verify forward (KVMeta `verify`) keeps the state from before it and its real r
 next forward removes some of them, the state is put back and the kept rows run again through the
 same kernels, bound to the saved rows. Only modules shorter than a prefill chunk (the verify
 module, and the short prefill modules, which its rows cannot tell apart) have room to save rows, all
-of them the same room (module_pool.saved_rows_room); a prefill chunk or decode step is never a
+of them the same room (backend.widths.saved_rows_room); a prefill chunk or decode step is never a
 verify block.
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
+from mnngpu.backend.kv import begin_state_forward
+from mnngpu.backend.widths import saved_rows_room
 from mnngpu.backends.opencl.ops.base import KernelExecution, Launch
 from mnngpu.backends.opencl.state import CLStateCache, adopt
 from mnngpu.errors import MnnGpuError
@@ -29,8 +31,6 @@ from mnngpu.ops.linear_attention import (
     state_shapes,
     token_rows,
 )
-from mnngpu.runtime.kv import begin_state_forward
-from mnngpu.runtime.module_pool import saved_rows_room
 
 SOURCE = "linear_attention.cl"
 

@@ -2,7 +2,7 @@
 
 The view ops (mnngpu.ops.movement.VIEW_OPS) change no values, so their output is the input's
 buffer and costs nothing per step. StridedSlice, GatherV2 and Concat copy, planned by
-mnngpu.runtime.movement from their host rules, so their semantics are written once, in
+mnngpu.backend.movement from their host rules, so their semantics are written once, in
 mnngpu/ops/movement.py.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
-from mnngpu.runtime.movement import (
+from mnngpu.backend.movement import (
     affine_strides,
     coalesce,
     concat_destinations,
     gather_sources,
     index_stand_in,
 )
+from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
 
 
 class ViewExecution(KernelExecution):

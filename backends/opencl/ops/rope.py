@@ -11,8 +11,8 @@ import numpy as np
 
 from mnngpu.backend import Tensor
 from mnngpu.backends.opencl.ops.base import KernelExecution
-from mnngpu.runtime import op_table
-from mnngpu.runtime.fusion import rope_split
+from mnngpu.ops import op_table
+from mnngpu.ops.rope import rope_split
 
 
 def rotate_half_split(node, inputs: list[Tensor]) -> int | None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.stacked_experts import stacked_experts, stacking_refusal
 from mnngpu.backends.opencl.ops.base import KernelExecution
 from mnngpu.backends.opencl.ops.linear import CPU_GROUP, ROWS, DeviceLinear, pack_experts
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.ops import routing
-from mnngpu.runtime.stacked_experts import stacked_experts, stacking_refusal
 
 
 def _lines(node, inputs) -> tuple[int, int, int]:

@@ -15,14 +15,15 @@ VulkanEncoderAttention: no cache, every query over every key, the mask input add
 
 from __future__ import annotations
 
-
 import numpy as np
 
+from mnngpu.backend.device_caches import Slot
+from mnngpu.backend.kv import attention_scale, quantize_int8, reserve_moves
+from mnngpu.backend.sequences import segments
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.errors import ConfigError, InputError, MnnGpuError
-from mnngpu.runtime.attention_mask import key_window
-from mnngpu.runtime.kv import Slot, attention_scale, quantize_int8, reserve_moves, segments
+from mnngpu.ops.attention import key_window
 
 MAX_HEAD_DIM = 256  # attention.comp keeps one query row in shared memory
 IDLE_ROW = 0xFFFFFFFF   # a rows-table base: the row is no sequence's (shaders/vulkan/kv_place.glsl)
@@ -75,7 +76,7 @@ class KVPool:
 
 
 class KVCache:
-    """One layer's cache of one sequence (a runtime.kv.KVCache): its slot's region of the layer's KVPool."""
+    """One layer's cache of one sequence (a backend.kv.KVCache): its slot's region of the layer's KVPool."""
 
     def __init__(self, pool: KVPool, slot: Slot):
         self.pool, self.slot = pool, slot

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.movement import broadcast_strides, coalesce
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
-from mnngpu.runtime.movement import broadcast_strides, coalesce
 
 
 def _is_float(tensor) -> bool:

@@ -12,13 +12,15 @@ next forward removes some of them, the state is put back and the kept rows run a
 same kernels, recorded once into a segment of their own over the saved rows and submitted at
 once. Only modules shorter than a prefill chunk (the verify module, and the short prefill modules,
 which its rows cannot tell apart) have room to save rows, all of them the same room
-(module_pool.saved_rows_room).
+(backend.widths.saved_rows_room).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.kv import begin_state_forward
+from mnngpu.backend.widths import saved_rows_room
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import Dispatch, Segment, grid, pack_push
 from mnngpu.backends.vulkan.state import VulkanStateCache, adopt
@@ -31,8 +33,6 @@ from mnngpu.ops.linear_attention import (
     state_shapes,
     token_rows,
 )
-from mnngpu.runtime.kv import begin_state_forward
-from mnngpu.runtime.module_pool import saved_rows_room
 
 FLOAT32 = np.dtype(np.float32)
 

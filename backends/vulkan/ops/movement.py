@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mnngpu.backend.movement import affine_strides, coalesce, contiguous_strides
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import movement
-from mnngpu.runtime.movement import affine_strides, coalesce, contiguous_strides
 
 
 @dataclass

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backend.movement import broadcast_strides, coalesce, contiguous_strides
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.runtime.fusion import rope_split
-from mnngpu.runtime.movement import broadcast_strides, coalesce, contiguous_strides
+from mnngpu.ops.rope import rope_split
 
 
 class VulkanRoPE(VulkanExecution):

@@ -13,6 +13,7 @@ per row are k experts' of num_experts.
 
 from __future__ import annotations
 
+from mnngpu.backend.stacked_experts import stacked_experts, stacking_refusal
 from mnngpu.backends.vulkan.device import shared_device
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.ops.linear import (
@@ -27,7 +28,6 @@ from mnngpu.backends.vulkan.ops.linear import (
 )
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import routing
-from mnngpu.runtime.stacked_experts import stacked_experts, stacking_refusal
 
 
 class VulkanRouting(VulkanExecution):

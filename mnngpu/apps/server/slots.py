@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 
 from mnngpu.apps.chat import PromptCache
+from mnngpu.backend.kv import Sequence
 from mnngpu.generation.batch import Batch
-from mnngpu.runtime.kv import Sequence
 
 
 class SequenceView:

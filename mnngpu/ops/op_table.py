@@ -3,7 +3,8 @@
 For each op type: its shape rule, its numpy semantics where it can be folded on the host, the
 MNN parameter table and inputs validate expects, how its weights are decoded at load, and, for
 the engine's own fused node types (runtime/fusion.py), what they replace. Which backends
-implement an op is each backend's `executions` table, keyed by these names (`implemented_by`).
+implement an op is each backend's `executions` table, keyed by these names
+(`mnngpu.backend.registry.implemented_by`).
 docs/ops.md lists what adding an op takes.
 
 Fused node types carry FUSED_PREFIX: no MNN op type contains a dot, so a graph can never name
@@ -12,12 +13,11 @@ one (MNN has its own RoPE op, 306, which is not the engine's rotate-half node).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mnngpu.backend import REGISTRY, Node, Tensor, backend_class
-from mnngpu.errors import BackendUnavailableError, ModelFormatError
+from mnngpu.errors import ModelFormatError
 from mnngpu.format.weights import WeightFile
 from mnngpu.ops import (
     attention,
@@ -33,13 +33,16 @@ from mnngpu.ops import (
 )
 from mnngpu.ops.common import ALWAYS, FUSED_PREFIX, WITHOUT_SECOND_INPUT, OpType
 from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP
-from mnngpu.ops.rope import ROPE
+from mnngpu.ops.rope import ROPE, RoPEParam
 from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
+
+if TYPE_CHECKING:
+    from mnngpu.backend import Node, Tensor
 
 __all__ = ["ALWAYS", "EXPERT_ADD", "FUSED_PREFIX", "GATED_LINEAR", "LINEAR_GROUP", "OPS", "ROPE", "SOURCES",
            "SPARSE_MOE",
-           "WITHOUT_SECOND_INPUT", "OpType", "backend_op_tables", "decode_weights", "evaluate", "foldable",
-           "graph_op_types", "has_weights", "implemented_by", "infer", "spec"]
+           "WITHOUT_SECOND_INPUT", "OpType", "decode_weights", "evaluate", "foldable",
+           "graph_op_types", "has_weights", "infer", "spec"]
 
 FAMILIES = (shape, movement, elementwise, linear, norm, attention, linear_attention, rope, pooling, routing)
 OPS: dict[str, OpType] = {name: op for family in FAMILIES for name, op in family.ROWS.items()}
@@ -93,18 +96,11 @@ def graph_op_types() -> frozenset[str]:
     return frozenset(name for name, op in OPS.items() if not op.fuses)
 
 
-def backend_op_tables() -> dict[str, frozenset[str] | None]:
-    """Each registered backend type's op types (its `executions` keys); None where its package is missing."""
-    tables: dict[str, frozenset[str] | None] = {}
-    for backend_type in REGISTRY:
-        try:
-            tables[backend_type] = frozenset(backend_class(backend_type).executions)
-        except BackendUnavailableError:
-            tables[backend_type] = None
-    return tables
-
-
-def implemented_by(op_type: str) -> list[str]:
-    """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
-    return [backend_type for backend_type, table in backend_op_tables().items()
-            if table is not None and op_type in table]
+def evaluate_rope_ops(node: Node, values: list[np.ndarray]) -> np.ndarray:
+    """The fused RoPE's result computed op by op as exported (values: the fused node's inputs)."""
+    p: RoPEParam = node.param
+    env = dict(zip(p.inputs, values))
+    for op in p.ops:
+        results = evaluate(op.node, [env[t] for t in op.inputs])
+        env.update(zip(op.outputs, results))
+    return env[p.output]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from mnngpu.runtime.moe import drop_raw_weights, raw_expert_weights, unstackable
+from mnngpu.ops.routing import drop_raw_weights, raw_expert_weights, unstackable
 
 if TYPE_CHECKING:
     from mnngpu.backend import Node
@@ -21,7 +21,7 @@ DeviceRule = Callable[[list, list], "str | None"]
 
 
 def stacking_refusal(node: Node, backend_type: str, device_rule: DeviceRule) -> str | None:
-    """Why `backend_type` cannot stack this node's experts: they differ (runtime.moe.unstackable),
+    """Why `backend_type` cannot stack this node's experts: they differ (ops.routing.unstackable),
     else the device's own rule; None when it can, or has them packed already."""
     if backend_type in node.weights:
         return None

@@ -19,7 +19,6 @@ fixed-shape backend) and then every step:
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -28,10 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mnngpu.errors import BackendUnavailableError, ConfigError
-
 if TYPE_CHECKING:
-    from mnngpu.runtime.kv import KVCache, Segment, StateCache
+    from mnngpu.backend.kv import KVCache, Segment, StateCache
 
 
 @dataclass(eq=False)
@@ -140,12 +137,12 @@ class Capabilities:
     # Packed weights are host arrays any instance can use: create_lora shares them with the base.
     host_weights: bool = False
     # The prefix cache (runtime/prefix_cache.py) reads a prompt's keys and values (and recurrent
-    # states, state_caches) back and writes them into a fresh cache (runtime.kv).
+    # states, state_caches) back and writes them into a fresh cache (backend.kv).
     kv_transfer: bool = False
     # The format the backend stores floats in: float32, float16 or bfloat16 (Vulkan's KV cache and
     # dense weights; its activations stay float32).
     storage: str = "float32"
-    # A forward's rows may belong to several sequences (runtime.kv.segments): continuous batching.
+    # A forward's rows may belong to several sequences (backend.sequences.segments): continuous batching.
     # A fixed-shape backend runs them in a module of a fixed number of rows, the rows no sequence
     # holds idle (they store nothing in any cache).
     batched: bool = False
@@ -163,11 +160,11 @@ class Backend(ABC):
 
     def __init__(self, config: BackendConfig, kv_meta=None):
         self.config = config
-        self.kv_meta = kv_meta         # runtime.kv.KVMeta shared with the Attention executions
+        self.kv_meta = kv_meta         # backend.kv.KVMeta shared with the Attention executions
         self.description = self.type   # the backend and its device, for the ready line
         self.kv_caches: dict[int, KVCache] = {}   # layer index -> its cache, made by kv_cache()
         self.state_caches: dict[str, StateCache] = {}   # recurrent op name -> its state, made by its execution
-        self.batch: list[Segment] | None = None   # a batched forward's rows by sequence (runtime.kv.segments)
+        self.batch: list[Segment] | None = None   # a batched forward's rows by sequence (backend.sequences.segments)
 
     def rearrange(self, node: Node) -> None:
         """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop
@@ -223,35 +220,3 @@ def warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, DeviceWarning, stacklevel=2)
-
-
-# backend_type -> (module, class name). The module is imported only when asked for, so a
-# missing driver package only matters to the user who picks that backend.
-REGISTRY: dict[str, tuple[str, str]] = {
-    "cpu": ("mnngpu.backends.cpu", "CPUBackend"),
-    "opencl": ("mnngpu.backends.opencl", "OpenCLBackend"),
-    "vulkan": ("mnngpu.backends.vulkan", "VulkanBackend"),
-    "cuda": ("mnngpu.backends.cuda", "CUDABackend"),
-}
-
-
-def backend_class(backend_type: str) -> type[Backend]:
-    if backend_type not in REGISTRY:
-        raise ConfigError(f"unknown backend_type '{backend_type}', expected one of {sorted(REGISTRY)}",
-                          field="backend_type")
-    module_name, class_name = REGISTRY[backend_type]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"backend '{backend_type}' needs a package that is not installed ({exc.name}); "
-            f"install it with: pip install 'mnngpu[{backend_type}]'", field="backend_type") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise BackendUnavailableError(f"backend '{backend_type}' is not built into this mnngpu", field="backend_type")
-    return cls
-
-
-def create_backend(backend_type: str, config: BackendConfig, kv_meta=None) -> Backend:
-    """Instantiate a backend; its constructor raises BackendUnavailableError when no driver/device."""
-    return backend_class(backend_type)(config, kv_meta)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Node, Tensor
+from mnngpu.ops import op_table
 from mnngpu.ops.movement import concat
-from mnngpu.runtime import op_table
 
 
 def index_stand_in(shape: tuple[int, ...]) -> np.ndarray:
