@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import cpu_description
+from mnngpu import mapped_folders
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 PROMPT = "Once upon a time"
 DEMO_REPLY = "The colour of a crow is black."
-SOURCES = ("pyproject.toml", "README.md", "mnngpu", "backends", "shaders")
+SOURCES = ("pyproject.toml", "README.md", "mnngpu", *mapped_folders.MAPPED.values())
 # another version: one kernel source changed, so every kernel digest and cache stamp differs
 OTHER_VERSION_EDIT = ("backends/cpu/kernels/fastmath.py", "\n# another version of this file\n")
 

@@ -43,6 +43,8 @@ import numpy as np
 from numba.core.caching import _CacheLocator
 from numba.core.errors import NumbaPerformanceWarning
 
+from mnngpu import mapped_folders
+
 log = logging.getLogger("mnngpu.jit")
 
 ENV_SWITCH = "MNNGPU_BACKGROUND_COMPILE"
@@ -64,11 +66,9 @@ def _user_cache_dir() -> Path:
 
 
 def _cpu_backend_dir(package: Path) -> Path | None:
-    """backends/cpu of the install whose package folder is `package` (a wheel's, or a checkout's beside it)."""
-    for cpu in (package / "backends" / "cpu", package.parent / "backends" / "cpu"):
-        if cpu.is_dir():
-            return cpu
-    return None
+    """backends/cpu of the install whose package folder is `package` (mapped_folders)."""
+    cpu = mapped_folders.folder("mnngpu.backends", package) / "cpu"
+    return cpu if cpu.is_dir() else None
 
 
 def _shared_sources_digest(package: Path) -> str:

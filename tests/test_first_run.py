@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import mnngpu
-from mnngpu import jit
+from mnngpu import jit, mapped_folders
 from tests.test_jit import _background_workers
 
 PROMPT = "Once upon a time"
@@ -58,9 +58,9 @@ def _install_copy(folder: Path) -> Path:
     package = Path(mnngpu.__file__).parent
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(package, folder / "mnngpu", ignore=ignore)
-    for mapped in ("backends", "shaders"):   # a checkout keeps these beside the package
-        if not (folder / "mnngpu" / mapped).exists():
-            shutil.copytree(package.parent / mapped, folder / "mnngpu" / mapped, ignore=ignore)
+    for mapped, name in mapped_folders.MAPPED.items():   # a checkout keeps these beside the package
+        if not (folder / "mnngpu" / name).exists():
+            shutil.copytree(mapped_folders.folder(mapped, package), folder / "mnngpu" / name, ignore=ignore)
     return folder
 
 

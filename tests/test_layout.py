@@ -1,28 +1,34 @@
 """The package's shape, read from the source files: the engine apart from the applications and the
 backends, no import circles, a short top level, and tools and benchmarks that run as modules.
 
-The import graph is built with `ast` from every `import` statement, those inside functions
-included (an import deferred to call time is still an arrow between two modules). Only imports
-under `if TYPE_CHECKING:` are left out: they never run.
+The import graph is built with `ast` from every `import` statement: those inside functions (an
+import deferred to call time is still an arrow between two modules) and those under
+`if TYPE_CHECKING:` (a circle of type-only imports is still a circle for the reader) included.
 """
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import tomllib
 from pathlib import Path
 
 import pytest
+
+from mnngpu import mapped_folders
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "mnngpu"
 MAX_TOP_LEVEL_MODULES = 12
 # Folders of the checkout that setuptools installs as subpackages of mnngpu (pyproject's package-dir).
-MAPPED_PACKAGES = {"mnngpu.backends": REPO / "backends"}
+MAPPED_PACKAGES = {name: mapped_folders.folder(name, PACKAGE) for name in mapped_folders.MAPPED}
 # What the engine (everything in mnngpu/ outside apps/) must never import.
 ENGINE_MUST_NOT_IMPORT = ("mnngpu.apps", "mnngpu.backends")
 # `python -m mnngpu` is the command line: it starts the CLI application.
 ENTRY_POINT = "mnngpu.__main__"
+# All that a backend folder may import beyond its own folder: the contract, the op families, the
+# errors, the kernel cache and the shipped kernel sources.
+BACKEND_MAY_IMPORT = ("mnngpu.backend", "mnngpu.ops", "mnngpu.errors", "mnngpu.jit", "mnngpu.shaders")
 
 
 def module_files() -> dict[str, Path]:
@@ -41,26 +47,9 @@ def module_files() -> dict[str, Path]:
 MODULES = module_files()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(tree: ast.AST):
-    """The Import and ImportFrom nodes of `tree` that can run (not under `if TYPE_CHECKING:`)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for child in node.orelse for n in _runtime_imports_of(child))
-            continue
-        yield from _runtime_imports_of(node)
-
-
-def _runtime_imports_of(node: ast.AST):
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        yield node
-    else:
-        yield from _runtime_imports(node)
+def _imports(tree: ast.AST):
+    """Every Import and ImportFrom node of `tree`, at any depth."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _known(name: str) -> str | None:
@@ -83,7 +72,7 @@ def imported_modules(module: str) -> set[str]:
     is a module, else pkg)."""
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
     found = set()
-    for node in _runtime_imports(tree):
+    for node in _imports(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
@@ -107,9 +96,34 @@ def first_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_the_import_graph_sees_the_engine_and_its_backends():
+def _within(module: str, packages) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def test_the_import_graph_sees_the_engine_its_backends_and_type_only_imports():
     assert "mnngpu.runtime.schedule" in GRAPH["mnngpu.engine"]
     assert "mnngpu.backend" in GRAPH["mnngpu.backends.cpu"]
+    assert "mnngpu.shaders" in GRAPH["mnngpu.backends.vulkan.device"]
+    assert "mnngpu.backend" in GRAPH["mnngpu.ops.common"]   # under `if TYPE_CHECKING:` there
+
+
+def test_a_backend_imports_only_the_contract_and_its_own_folder():
+    backends = [m for m in GRAPH if m.startswith("mnngpu.backends.")]
+    offenders = {}
+    for module in backends:
+        own = ".".join(module.split(".")[:3])   # mnngpu.backends.<name>
+        outside = sorted(i for i in GRAPH[module] if not _within(i, (own, *BACKEND_MAY_IMPORT)))
+        if outside:
+            offenders[module] = outside
+    assert backends and offenders == {}
+
+
+def test_the_mapped_folders_are_those_pyproject_installs():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["package-dir"] == mapped_folders.MAPPED
+    assert all(path.is_dir() and path.parent == REPO for path in MAPPED_PACKAGES.values())
+    # ruff cannot follow package-dir: it is told that everything under mnngpu is first-party
+    assert pyproject["tool"]["ruff"]["lint"]["isort"]["known-first-party"] == ["mnngpu"]
 
 
 def test_no_module_imports_one_that_imports_it_back():

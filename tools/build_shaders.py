@@ -24,7 +24,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders" / "vulkan"
+from mnngpu import mapped_folders
+
+SHADER_DIR = mapped_folders.folder("mnngpu.shaders") / "vulkan"
 MANIFEST = SHADER_DIR / "manifest.json"
 FLAGS = ["--target-env=vulkan1.1", "-O"]
 # source stem -> {variant: defines}, declared beside the shaders; variant "" builds <stem>.spv

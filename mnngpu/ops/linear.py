@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mnngpu.errors import ModelFormatError
-from mnngpu.format.quant import read_linear
+from mnngpu.format.quant import QuantizedLinear, read_linear  # noqa: F401 (a backend packs QuantizedLinear)
 from mnngpu.ops.common import ALWAYS, FLOAT, FUSED_PREFIX, OpType, Shape, evaluated
 
 if TYPE_CHECKING:

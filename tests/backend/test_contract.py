@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnngpu import mapped_folders
 from mnngpu.backend import REGISTRY, Backend, Capabilities, backend_class
 from mnngpu.backend.kv import KVCache
 from mnngpu.errors import BackendUnavailableError
@@ -21,7 +22,7 @@ from tests.backend.harness import make
 MAX_METHODS = 10
 REPO = Path(__file__).resolve().parents[2]
 SKELETON = {"__init__.py", "device.py", "memory.py", "ops/__init__.py", "ops/base.py"}
-CORE_FAMILIES = {path.stem for path in (REPO / "mnngpu" / "ops").glob("*.py")} - {"__init__", "common"}
+CORE_FAMILIES = {path.stem for path in (REPO / "mnngpu" / "ops").glob("*.py")} - {"__init__", "common", "op_table"}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -76,7 +77,7 @@ def test_kv_caches_follow_the_protocol(kind):
 
 @pytest.mark.parametrize("backend_type", sorted(REGISTRY))
 def test_a_backend_folder_has_the_common_skeleton(backend_type):
-    folder = REPO / "backends" / backend_type
+    folder = mapped_folders.folder("mnngpu.backends", REPO / "mnngpu") / backend_type
     assert SKELETON <= {path.relative_to(folder).as_posix() for path in folder.rglob("*.py")}
     families = {path.stem for path in (folder / "ops").glob("*.py")} - {"__init__", "base"}
     assert families and families <= CORE_FAMILIES, sorted(families - CORE_FAMILIES)

@@ -23,7 +23,7 @@ import numpy as np
 from mnngpu.backends.vulkan.memory import DeviceTensor
 from mnngpu.backends.vulkan.ops.base import VulkanExecution
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.format.quant import QuantizedLinear
+from mnngpu.ops.linear import QuantizedLinear
 from mnngpu.ops.op_table import GATED_LINEAR, LINEAR_GROUP
 
 GROUP = 8              # inputs per weight group
