@@ -286,15 +286,15 @@ def test_the_shape_rule_names_the_op_and_the_field():
 
 
 def test_the_table_checks_and_the_refused_mode():
-    assert linear_attention.param_problem(param()) is None
-    assert linear_attention.param_problem(param(attn_type="mamba"))[0] == "attn_type"
-    assert linear_attention.param_problem(param(head_v_dim=0))[0] == "head_v_dim"
+    assert linear_attention.decline_table(param()) is None
+    assert linear_attention.decline_table(param(attn_type="mamba"))[0] == "attn_type"
+    assert linear_attention.decline_table(param(head_v_dim=0))[0] == "head_v_dim"
     delta = param(attn_type="gated_delta_rule", num_k_heads=2, num_v_heads=3)
-    assert linear_attention.param_problem(delta)[0] == "num_v_heads"
-    field, expected = linear_attention.param_problem(param(**DELTA, gate_fold=True))
+    assert linear_attention.decline_table(delta)[0] == "num_v_heads"
+    field, expected = linear_attention.decline_table(param(**DELTA, gate_fold=True))
     assert field == "gate_fold" and "gate_coef" in expected
-    assert linear_attention.refusal(param(**DELTA)) is None
-    assert linear_attention.refusal(param()) is None
+    assert linear_attention.decline_mode(param(**DELTA)) is None
+    assert linear_attention.decline_mode(param()) is None
 
 
 # ---- the lfm2 fixture ----------------------------------------------------------------------------
@@ -380,5 +380,5 @@ def test_backends_without_a_kernel_decline_it_with_the_reason():
             caps = backend_class(backend_type).caps
         except BackendUnavailableError:
             continue
-        assert caps.lacking["LinearAttention"] == linear_attention.NO_DEVICE_KERNEL
+        assert caps.declines["LinearAttention"] == linear_attention.NO_DEVICE_KERNEL
     assert CPUBackend(BackendConfig()).executions["LinearAttention"].__name__ == "CPULinearAttention"

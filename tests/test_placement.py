@@ -73,8 +73,8 @@ def test_vulkan_declines_a_width_not_a_multiple_of_8_and_the_cpu_runs_it():
                            1e-5)
     (fallback,) = table.fallbacks
     assert fallback.node == "fc12" and "input width 12 is not a multiple of 8" in fallback.reason
-    assert decline(backend, node, tensors[:1], tensors[1:]) is not None
-    assert decline(holder, node, tensors[:1], tensors[1:]) is None
+    assert decline(backend, tensors[:1], tensors[1:], node) is not None
+    assert decline(holder, tensors[:1], tensors[1:], node) is None
 
 
 def test_strict_device_refuses_the_fallback():
@@ -167,7 +167,7 @@ def test_no_fallback_on_the_full_tables(capsys):
 
 
 def test_vulkan_says_when_it_runs_on_a_cpu_device_or_without_fp16(monkeypatch, recwarn):
-    from mnngpu import backend as backend_module
+    from mnngpu.backend import interface as backend_module
     from mnngpu.backend import DeviceWarning
 
     device = backend_or_skip("vulkan").device

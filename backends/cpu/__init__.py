@@ -28,43 +28,25 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
     numba.config.THREADING_LAYER = "default"
 
-from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor  # noqa: E402
+from mnngpu.backend import Backend, BackendConfig, Capabilities, Tensor  # noqa: E402
 from mnngpu.backend.kv import HostStateCache  # noqa: E402
 from mnngpu.backend.planned import PlannedExecution, Recording  # noqa: E402
 from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
-from mnngpu.backends.cpu.ops.attention import CPUEncoderAttention, KVCache  # noqa: E402
-from mnngpu.backends.cpu.ops.linear import CPUConvolution, pack_linear  # noqa: E402
-from mnngpu.ops.linear import is_pointwise, is_windowed  # noqa: E402
+from mnngpu.backends.cpu.ops.attention import KVCache  # noqa: E402
 
 # Results up to this size are copied into an earlier download's array of the same shape once the
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.
 RECYCLED_DOWNLOAD_BYTES = 4 << 20
 RECYCLED_DOWNLOADS = 4
-SMALL_WEIGHT_BYTES = 1 << 16   # weights up to this size are copied out of the weight file at load
-
-
-def _owns_memory(array) -> bool:
-    """A non-empty array whose bytes are its own or another in-memory array's (no file mapping)."""
-    if not isinstance(array, np.ndarray) or array.size == 0:
-        return False
-    while isinstance(array, np.ndarray):
-        if isinstance(array, np.memmap):
-            return False
-        array = array.base
-    return array is None or isinstance(array, bytes | bytearray)
-
-
-def _is_small_file_view(array) -> bool:
-    return isinstance(array, np.ndarray) and 0 < array.nbytes <= SMALL_WEIGHT_BYTES and not _owns_memory(array)
 
 
 class CPUBackend(Backend):
     type = "cpu"
     # kv_transfer: backend.sequences.read_kv / write_kv over these caches (the prefix cache)
     caps = Capabilities(encoder_attention=True, windowed_convolution=True, kv_int8=True, kv_transfer=True,
-                        host_weights=True, batched=True)
+                        host_weights=True, batched=True, batched_state=True)
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta=None):
@@ -84,35 +66,12 @@ class CPUBackend(Backend):
         self._scratch_arrays: dict[tuple[str, int, str], np.ndarray] = {}
         self._downloads: dict[tuple, np.ndarray] = {}   # (shape, dtype) -> a download's array, oldest first
 
-    def onCreate(self, inputs, outputs, node):  # noqa: N802
-        if node.type == "Attention" and not node.param.kv_cache:
-            return CPUEncoderAttention(self, node)
-        if node.type == "Convolution" and is_windowed(node.param.common, inputs[0].shape):
-            return CPUConvolution(self, node)
-        return super().onCreate(inputs, outputs, node)
-
-    # ---- load ----------------------------------------------------------------------------------
-    def rearrange(self, node: Node) -> None:
-        if node.type == "Convolution":
-            lanes = self.quantize_activations and is_pointwise(node.param.common)
-            packed = pack_linear(node.weights.pop("weight"), node.param, lanes=lanes)
-            if self.weight_files is not None:
-                packed = self._mapped(packed)
-            node.weights["packed"] = packed
-            self.lane_layers += packed.lanes
-            return
-        # A norm's gamma read from the weight file each step keeps the file's page under it
-        # resident, and where the kernel maps the file in 2 MB pages that is 2 MB a norm (60 MB
-        # for a 24-layer model); the repacked matrices no longer hold those pages.
-        for name, array in node.weights.items():
-            if _is_small_file_view(array):
-                node.weights[name] = np.array(array)
-
+    # ---- load: each Execution packs its own weights (Execution.pack) -------------------------
     def _mapped(self, packed):
         """use_mmap: each array the packing made in memory (not a view of the weight file) moves
         to a file under tmp_path."""
         moved = {name: self.weight_files.copy(array) for name in ("codes", "alpha", "bias", "dense")
-                 if _owns_memory(array := getattr(packed, name))}
+                 if memory.owns_memory(array := getattr(packed, name))}
         return dataclasses.replace(packed, **moved)
 
     # ---- resize: record, then plan the buffers and bind ---------------------------------------

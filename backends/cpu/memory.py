@@ -146,3 +146,21 @@ class MappedFiles:
         array = self.zeros(values.shape, values.dtype)
         array[...] = values
         return array
+
+
+SMALL_WEIGHT_BYTES = 1 << 16   # weights up to this size are copied out of the weight file at load
+
+
+def owns_memory(array) -> bool:
+    """A non-empty array whose bytes are its own or another in-memory array's (no file mapping)."""
+    if not isinstance(array, np.ndarray) or array.size == 0:
+        return False
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap):
+            return False
+        array = array.base
+    return array is None or isinstance(array, bytes | bytearray)
+
+
+def is_small_file_view(array) -> bool:
+    return isinstance(array, np.ndarray) and 0 < array.nbytes <= SMALL_WEIGHT_BYTES and not owns_memory(array)

@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 
-from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor
+from mnngpu.backend import Backend, BackendConfig, Capabilities, Tensor
 from mnngpu.backend.device_caches import PooledKVCaches
 from mnngpu.backend.kv import KVMeta
 from mnngpu.backend.sequences import segments
@@ -34,17 +34,13 @@ from mnngpu.backends.cuda.device import CudaDevice, log
 from mnngpu.backends.cuda.graph import GraphRecorder, Recording
 from mnngpu.backends.cuda.memory import Storage, storage_for
 from mnngpu.backends.cuda.ops import EXECUTIONS
-from mnngpu.backends.cuda.ops.attention import AttentionExecution, DeviceKVCache, KVPool
-from mnngpu.backends.cuda.ops.linear import pack_linear
-from mnngpu.backends.cuda.ops.norm import pack_norm
+from mnngpu.backends.cuda.ops.attention import CUDAAttention, DeviceKVCache, KVPool
 from mnngpu.errors import ConfigError, ModelFormatError
 from mnngpu.ops.linear_attention import NO_DEVICE_KERNEL
 from mnngpu.ops.routing import ROUTING_OPS
 
 FLOAT = np.dtype(np.float32)
 ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
-NO_BATCHED_STATE = ("batching a model with recurrent layers (LinearAttention) is not implemented on the cuda "
-                    "backend; use one slot")
 NO_ROUTING = ("no MoE routing kernels on CUDA yet: the router's ops and ExpertAdd run on the CPU backup, "
               "one round trip through the host per MoE layer and step")
 
@@ -53,7 +49,7 @@ class CUDABackend(PooledKVCaches, Backend):
     pooled_cache = DeviceKVCache   # a sequence's region of a layer's pool (backend.device_caches.PooledKVCaches)
     type = "cuda"
     caps = Capabilities(fixed_shape=True, batched=True,
-                        lacking={**{op: NO_ROUTING for op in ROUTING_OPS}, "LinearAttention": NO_DEVICE_KERNEL})
+                        declines={**{op: NO_ROUTING for op in ROUTING_OPS}, "LinearAttention": NO_DEVICE_KERNEL})
     executions = EXECUTIONS
 
     def __init__(self, config: BackendConfig, kv_meta: KVMeta | None = None, *, storage: Storage | None = None):
@@ -78,24 +74,7 @@ class CUDABackend(PooledKVCaches, Backend):
         log.info("CUDA on %s (compute %s), %s storage", self.device.name, self.device.compute_capability,
                  self.storage.name)
 
-    # ---- ops ----------------------------------------------------------------------------------
-    def onCreate(self, inputs, outputs, node):
-        self._refuse_batched_state(node)
-        return super().onCreate(inputs, outputs, node)
-
-    def declined(self, node: Node, inputs: list[Tensor]) -> None:
-        self._refuse_batched_state(node)   # LinearAttention runs on the CPU backup (caps.lacking)
-
-    def _refuse_batched_state(self, node: Node) -> None:
-        if self.batch is not None and node.type == "LinearAttention":
-            raise ConfigError(NO_BATCHED_STATE, field="parallel")
-
-    def rearrange(self, node: Node) -> None:
-        if node.type == "Convolution" and "weight" in node.weights:
-            node.weights["cuda"] = pack_linear(self, node.weights.pop("weight"))
-        elif node.type == "LayerNorm":
-            pack_norm(self, node)
-
+    # ---- resize ---------------------------------------------------------------------------------
     def onResizeBegin(self) -> None:
         self.graphs.begin_resize()
 
@@ -156,12 +135,12 @@ class CUDABackend(PooledKVCaches, Backend):
         """Before a run's first launch (and before a graph is captured or replayed)."""
         attention = self._attention_of.get(recording)
         if attention is None:
-            attention = [e for e in recording.executions if isinstance(e, AttentionExecution)]
+            attention = [e for e in recording.executions if isinstance(e, CUDAAttention)]
             self._attention_of[recording] = attention
         if attention:
             self._make_room(attention)
 
-    def _make_room(self, attention: list[AttentionExecution]) -> None:
+    def _make_room(self, attention: list[CUDAAttention]) -> None:
         """Every sequence of the forward holds a slot, and room in every pool for its new rows, so
         that no array moves mid-run."""
         needed = 0

@@ -24,10 +24,7 @@ from mnngpu.backends.opencl import memory
 from mnngpu.backends.opencl.device import VARIANTS, log, shared_device
 from mnngpu.backends.opencl.ops import EXECUTIONS
 from mnngpu.backends.opencl.ops.attention import DeviceKVCache
-from mnngpu.backends.opencl.ops.linear import pack_linear
-from mnngpu.backends.opencl.ops.norm import pack_norm
 from mnngpu.errors import ConfigError
-from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 FLOAT = np.dtype(np.float32)
 DEFAULT_MAX_TOKENS = 2048
@@ -76,16 +73,8 @@ class OpenCLBackend(Backend):
         return False
 
     # ---- ops ----------------------------------------------------------------------------------
-    def declined(self, node: Node, inputs: list[Tensor]) -> None:
+    def declined(self, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> None:
         self._pinned.update(id(t) for t in inputs)  # the CPU backup will copy them out
-
-    def rearrange(self, node: Node) -> None:
-        if node.type == "Convolution":
-            if is_expert_op(node.name) and SPARSE_MOE in self.executions:
-                return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
-            node.weights["opencl"] = pack_linear(self, node.weights.pop("weight"))
-        elif node.type == "LayerNorm":
-            pack_norm(self, node)
 
     def _kernel(self, source: str, name: str, defines: dict) -> cl.Kernel:
         """A new instance (its own bound arguments) of kernel `name` of shaders/opencl/<source>."""
@@ -110,13 +99,6 @@ class OpenCLBackend(Backend):
             self._kv_length = length
 
     # ---- resize: record, then plan the buffers and bind (mnngpu/backend/planned.py) -------------------
-    def onCreate(self, inputs, outputs, node):
-        if self.batch is not None and node.type == "LinearAttention":
-            # its kernels run one sequence's state (backends/opencl/state.py)
-            raise ConfigError("batching a model with recurrent layers (LinearAttention) is not implemented on "
-                              "the opencl backend; use one slot", field="parallel")
-        return super().onCreate(inputs, outputs, node)
-
     def onResizeBegin(self) -> None:
         self.recording.begin()
 

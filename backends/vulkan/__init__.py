@@ -26,18 +26,15 @@ import weakref
 
 import numpy as np
 
-from mnngpu.backend import Backend, BackendConfig, Capabilities, Node, Tensor, warn_once
+from mnngpu.backend import Backend, BackendConfig, Capabilities, Tensor, warn_once
 from mnngpu.backend.device_caches import PooledKVCaches
 from mnngpu.backend.kv import KVMeta
 from mnngpu.backends.vulkan.device import VulkanDevice, shared_device
 from mnngpu.backends.vulkan.memory import DeviceTensor, MemoryArena
 from mnngpu.backends.vulkan.ops import EXECUTIONS
 from mnngpu.backends.vulkan.ops.attention import KVCache, KVPool
-from mnngpu.backends.vulkan.ops.linear import pack_linear, packable
-from mnngpu.backends.vulkan.ops.norm import pack_norm
-from mnngpu.backends.vulkan.program import DescriptorAllocator, Dispatch, Segment
+from mnngpu.backends.vulkan.program import CommandSegment, DescriptorAllocator, Dispatch
 from mnngpu.errors import ConfigError, ModelFormatError
-from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 DEFAULT_MAX_TOKENS = 2048
 ROWS_TABLE_ROWS = 256   # rows a batched forward may place (the rows table's size)
@@ -71,11 +68,11 @@ class VulkanBackend(PooledKVCaches, Backend):
         self.rows_table = self._new_buffer(ROWS_TABLE_ROWS * 8, np.uint32, self.step_arena)
         self.kv_pools: dict[int, KVPool] = {}   # layer index -> every sequence's keys and values
         self._start_slots()
-        self._recorded: weakref.WeakSet[Segment] = weakref.WeakSet()   # recorded again when pools grow
+        self._recorded: weakref.WeakSet[CommandSegment] = weakref.WeakSet()   # recorded again when pools grow
         self.placeholder = self._new_buffer(16, np.float32)            # bound where a kernel ignores a buffer
         self._scratch_tensors: dict[int, DeviceTensor] = {}
-        self._segments: list[Segment] = []
-        self._due: list[Segment] = []
+        self._segments: list[CommandSegment] = []
+        self._due: list[CommandSegment] = []
         self.description = f"vulkan on {self.device.name} ({'CPU' if self.device.is_cpu else 'GPU'})"
 
     def _warn_drops(self, config: BackendConfig) -> None:
@@ -95,28 +92,12 @@ class VulkanBackend(PooledKVCaches, Backend):
             raise ConfigError(f"{VARIANT_ENV}={wanted!r}: expected cpu or gpu", field=VARIANT_ENV)
         return wanted
 
-    # ---- load ---------------------------------------------------------------------------------
-    def rearrange(self, node: Node) -> None:
-        if node.type == "Convolution" and packable(node.weights["weight"]):
-            if is_expert_op(node.name) and SPARSE_MOE in self.executions:
-                return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
-            node.weights["vulkan"] = pack_linear(self, node.weights.pop("weight"))
-        elif node.type == "LayerNorm":
-            pack_norm(self, node)
-
     # ---- resize -------------------------------------------------------------------------------
-    def onCreate(self, inputs, outputs, node):
-        if self.batch is not None and node.type == "LinearAttention":
-            # its state kernels run one sequence's state (backends/vulkan/state.py)
-            raise ConfigError("batching a model with recurrent layers (LinearAttention) is not implemented on "
-                              "the vulkan backend; use one slot", field="parallel")
-        return super().onCreate(inputs, outputs, node)
-
-    def declined(self, node, inputs):
+    def declined(self, inputs, outputs, node):
         self._close_segment()   # the CPU backup runs this op between two submits
 
     def onResizeBegin(self) -> None:
-        self._segments = [Segment()]
+        self._segments = [CommandSegment()]
 
     def onResizeEnd(self) -> None:
         for segment in self._segments:
@@ -127,14 +108,14 @@ class VulkanBackend(PooledKVCaches, Backend):
                 self._recorded.add(segment)
         self._segments = []
 
-    def _record(self, dispatch: Dispatch) -> Segment:
+    def _record(self, dispatch: Dispatch) -> CommandSegment:
         segment = self._segments[-1]
         segment.add(dispatch)
         return segment
 
     def _close_segment(self) -> None:
         if self._segments and self._segments[-1].dispatches:
-            self._segments.append(Segment())
+            self._segments.append(CommandSegment())
 
     def _materialize(self, tensor: DeviceTensor) -> None:
         if tensor.nbytes > self.max_binding_bytes:
@@ -216,7 +197,7 @@ class VulkanBackend(PooledKVCaches, Backend):
         return values.astype(tensor.dtype, copy=False).reshape(tensor.shape)
 
     # ---- run ----------------------------------------------------------------------------------
-    def _enqueue(self, segment: Segment) -> None:
+    def _enqueue(self, segment: CommandSegment) -> None:
         if segment not in self._due:
             self._due.append(segment)
 

@@ -67,7 +67,7 @@ class DescriptorAllocator:
         self.pools, self._left = [], 0
 
 
-class Segment:
+class CommandSegment:
     """Dispatches that run in one submit, in order; barriers only where one reads or writes
     what an earlier one since the last barrier wrote (or writes what it read)."""
 

@@ -8,7 +8,7 @@ fixed-shape backend) and then every step:
 
     backend.rearrange(node)                                  # once per node, at load
     backend.onResizeBegin()
-    for node: reason = placement.decline(backend, node, ...)  # runtime/placement.py: None, or why not
+    for node: reason = placement.decline(backend, inputs, outputs, node)  # runtime/placement.py: None, or why not
               exe = backend.onCreate(inputs, outputs, node)  # (a declined node goes to the CPU backup)
               backend.alloc(t) for each output; exe.onResize(inputs, outputs)
     backend.onResizeEnd()
@@ -104,6 +104,19 @@ class Execution(ABC):
         self.node = node
 
     @classmethod
+    def variant_for(cls, inputs: list[Tensor], node: Node) -> type[Execution]:
+        """The class that runs `node` on these inputs: this one (the op table's entry), or a
+        subclass of the same op for a case the op type alone cannot key (an encoder's Attention, a
+        sliding-window Convolution). Placement and onCreate ask it first."""
+        return cls
+
+    @classmethod
+    def pack(cls, backend: Backend, node: Node) -> None:
+        """Pack node.weights into `backend`'s layout, once at load, and drop the raw arrays the
+        packed form replaces (Backend.rearrange calls it for the class its op table names).
+        Every Execution later made for the node shares the packed form. Default: nothing to pack."""
+
+    @classmethod
     def decline(cls, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> str | None:
         """Why this Execution cannot run `node` on these inputs (a shape or dtype limit of its
         kernels), or None when it can. Placement asks before onCreate."""
@@ -146,8 +159,11 @@ class Capabilities:
     # A fixed-shape backend runs them in a module of a fixed number of rows, the rows no sequence
     # holds idle (they store nothing in any cache).
     batched: bool = False
+    # A batched forward may hold several sequences' rows of a recurrent layer (LinearAttention): its
+    # state kernels run each sequence's state. Where not, placement refuses such a forward.
+    batched_state: bool = False
     # Op types the backend knowingly has no Execution for, and why (the reason placement gives).
-    lacking: Mapping[str, str] = field(default_factory=dict)
+    declines: Mapping[str, str] = field(default_factory=dict)
 
 
 class Backend(ABC):
@@ -167,10 +183,13 @@ class Backend(ABC):
         self.batch: list[Segment] | None = None   # a batched forward's rows by sequence (backend.sequences.segments)
 
     def rearrange(self, node: Node) -> None:
-        """Pack node.weights into this backend's layout once, at load (rearrange=true), and drop
-        the raw arrays. Every Execution later made for the node shares the packed form."""
+        """Pack node.weights into this backend's layout once, at load (rearrange=true): the op's own
+        Execution does it (`Execution.pack`), so a new weighted op needs no edit here."""
+        execution = self.executions.get(node.type)
+        if execution is not None:
+            execution.pack(self, node)
 
-    def declined(self, node: Node, inputs: list[Tensor]) -> None:
+    def declined(self, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> None:
         """Told that `node` runs on the CPU backup instead, between this backend's ops (a device
         backend ends its command segment or keeps the inputs' buffers for the copies out)."""
 
@@ -178,7 +197,10 @@ class Backend(ABC):
         """The Execution of `node`, or None where this backend has none for these inputs (placement,
         runtime/placement.py, asks first and sends such a node to the CPU backup)."""
         execution = self.executions.get(node.type)
-        if execution is None or execution.decline(inputs, outputs, node) is not None:
+        if execution is None:
+            return None
+        execution = execution.variant_for(inputs, node)
+        if execution.decline(inputs, outputs, node) is not None:
             return None
         return execution(self, node)
 

@@ -20,7 +20,7 @@ Packed = TypeVar("Packed")
 DeviceRule = Callable[[list, list], "str | None"]
 
 
-def stacking_refusal(node: Node, backend_type: str, device_rule: DeviceRule) -> str | None:
+def decline_stacking(node: Node, backend_type: str, device_rule: DeviceRule) -> str | None:
     """Why `backend_type` cannot stack this node's experts: they differ (ops.routing.unstackable),
     else the device's own rule; None when it can, or has them packed already."""
     if backend_type in node.weights:

@@ -38,6 +38,7 @@ import numpy as np
 from mnngpu.backend import backend_class
 from mnngpu.backend.kv import Sequence
 from mnngpu.errors import ConfigError, InputError
+from mnngpu.ops import linear_attention
 from mnngpu.sampler import Sampler
 
 BATCH_ROWS = 8   # decode rows per forward (see the module's docstring)
@@ -85,10 +86,11 @@ class BatchRequest:
 def one_sequence_only(llm) -> str | None:
     """Why `llm` cannot batch several sequences, or None where it can."""
     backend = llm.config.backend_type
-    if not backend_class(backend).caps.batched:
+    caps = backend_class(backend).caps
+    if not caps.batched:
         return f"batching is not implemented on the {backend} backend"
-    if llm.runtime.fixed_shape and any(p.op_type == "LinearAttention" for p in llm.runtime.placements.entries.values()):
-        return f"batching models with recurrent layers (LinearAttention) is not implemented on the {backend} backend"
+    if not caps.batched_state and any(p.op_type == "LinearAttention" for p in llm.runtime.placements.entries.values()):
+        return linear_attention.batching_declined(backend)
     if llm.strategy.name != "ar":
         return f"speculative_type {llm.config.get('speculative_type')!r} decodes one sequence at a time"
     if llm.config.get("is_visual") or llm.config.get("is_audio"):

@@ -22,7 +22,7 @@ Two modes (`attn_type`):
   num_k_heads). With use_qk_l2norm, q and k are divided by sqrt(sum of squares + 1e-6); q is then
   scaled by 1 / sqrt(head_k_dim). Per token, with decay exp(gate) and beta:
       S <- exp(gate) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  out = S^T q
-  A table with gate_fold set (the decay computed inside the op) is refused at load (`param_problem`).
+  A table with gate_fold set (the decay computed inside the op) is refused at load (`decline_table`).
 
 The op has no host rule (it reads and writes its state), so no backend folds it; a device backend
 without a kernel declines it (`NO_DEVICE_KERNEL`) and it runs on the CPU backup.
@@ -50,7 +50,13 @@ NO_DEVICE_KERNEL = ("LinearAttention has no device kernel yet: it runs on the CP
 HEAD_FIELDS = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
 
 
-def param_problem(param: LinearAttentionParam) -> tuple[str, str] | None:
+def batching_declined(backend_type: str) -> str:
+    """Why a batched forward of a model with recurrent layers is refused on a backend whose
+    Capabilities.batched_state is off."""
+    return f"batching models with recurrent layers (LinearAttention) is not implemented on the {backend_type} backend"
+
+
+def decline_table(param: LinearAttentionParam) -> tuple[str, str] | None:
     """(field, what was expected) for a table that no LinearAttention can run with, else None."""
     if param.attn_type not in MODES:
         return "attn_type", f"one of {list(MODES)}, got {param.attn_type!r}"
@@ -66,7 +72,7 @@ def param_problem(param: LinearAttentionParam) -> tuple[str, str] | None:
     return None
 
 
-def refusal(param: LinearAttentionParam) -> str | None:
+def decline_mode(param: LinearAttentionParam) -> str | None:
     """Why mnngpu cannot run this table yet, or None."""
     if param.attn_type in RUNS:
         return None
@@ -112,7 +118,7 @@ DEVICE_MAX_KERNEL = 16
 DEVICE_MAX_HEAD_K_DIM = 256
 
 
-def device_decline(inputs: list[Tensor], node: Node) -> str | None:
+def decline(inputs: list[Tensor], outputs: list[Tensor], node: Node) -> str | None:
     """Why a device LinearAttention kernel cannot run this node, or None."""
     param, shape = node.param, inputs[0].shape
     if not token_rows(shape) and shape[0] != 1:
@@ -144,7 +150,7 @@ def token_rows(shape: Shape) -> bool:
 
 def linear_attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     param = node.param
-    problem = param_problem(param)
+    problem = decline_table(param)
     if problem is not None:
         raise _error(node, *problem)
     qkv = inputs[0].shape

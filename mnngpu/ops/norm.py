@@ -57,7 +57,7 @@ def layer_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
     return [(inputs[0].shape, inputs[0].dtype)] * min(len(inputs), 2)
 
 
-def decline(node, inputs) -> str | None:
+def decline(inputs, outputs, node) -> str | None:
     """The form the device kernels do not take (it runs on the CPU backup)."""
     if len(inputs) > 1:
         return "a LayerNorm fused with its residual add (two inputs) has no device kernel yet"

@@ -160,7 +160,7 @@ def _float(tensor: Tensor) -> bool:
     return np.dtype(tensor.dtype) == np.float32
 
 
-def decline(node: Node, inputs: list[Tensor]) -> str | None:
+def decline(inputs: list[Tensor], outputs: list[Tensor], node: Node) -> str | None:
     """Why a device kernel cannot run this routing op; None when it can."""
     if node.type == EXPERT_ADD:
         y, weights, selected = inputs[:3]

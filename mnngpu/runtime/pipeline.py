@@ -71,7 +71,7 @@ class Pipeline:
     def _create(self, assignment: Assignment) -> None:
         backend, node = assignment.backend, assignment.op.node
         if backend is not self.backend:
-            self.backend.declined(node, assignment.inputs)
+            self.backend.declined(assignment.inputs, assignment.outputs, node)
             placement.rearrange_for(backend, node)
         execution = backend.onCreate(assignment.inputs, assignment.outputs, node)
         if execution is None:

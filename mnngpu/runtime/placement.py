@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnngpu.backend import Backend, Node, Tensor
-from mnngpu.errors import BackendUnavailableError, ModelFormatError
-from mnngpu.ops import op_table
+from mnngpu.errors import BackendUnavailableError, ConfigError, ModelFormatError
+from mnngpu.ops import linear_attention, op_table
 from mnngpu.ops.common import shape_stand_in
 from mnngpu.ops.linear import is_windowed
 from mnngpu.runtime.graph import GraphOp, op_errors_named
@@ -113,15 +113,15 @@ def _fold(node: Node, inputs: list[Tensor]) -> list[Tensor]:
     return [Tensor(np.shape(v), np.asarray(v).dtype, name=node.name, host=np.asarray(v)) for v in values]
 
 
-def decline(backend: Backend, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> str | None:
+def decline(backend: Backend, inputs: list[Tensor], outputs: list[Tensor], node: Node) -> str | None:
     """Why `backend` cannot run `node` on these inputs, or None when it can."""
     execution = backend.executions.get(node.type)
     if execution is None:
-        return backend.caps.lacking.get(node.type, f"{node.type} is not in the {backend.type} op table")
-    return _lacking_capability(backend, node, inputs) or execution.decline(inputs, outputs, node)
+        return backend.caps.declines.get(node.type, f"{node.type} is not in the {backend.type} op table")
+    return _declined_by_caps(backend, node, inputs) or execution.variant_for(inputs, node).decline(inputs, outputs, node)
 
 
-def _lacking_capability(backend: Backend, node: Node, inputs: list[Tensor]) -> str | None:
+def _declined_by_caps(backend: Backend, node: Node, inputs: list[Tensor]) -> str | None:
     caps = backend.caps
     if node.type == "Attention" and not node.param.kv_cache and not caps.encoder_attention:
         return f"Attention without a KV cache (a vision encoder's) is not implemented on {backend.type}"
@@ -134,7 +134,9 @@ def _lacking_capability(backend: Backend, node: Node, inputs: list[Tensor]) -> s
 def choose(node: Node, inputs: list[Tensor], outputs: list[Tensor], backend: Backend, cpu_backup: Backend,
            strict: bool = False) -> tuple[Backend, str]:
     """The backend that runs `node`, and why the main one declined it ("" when it did not)."""
-    reason = decline(backend, node, inputs, outputs)
+    if node.type == "LinearAttention" and backend.batch is not None and not backend.caps.batched_state:
+        raise ConfigError(f"{linear_attention.batching_declined(backend.type)}; use one slot", field="parallel")
+    reason = decline(backend, inputs, outputs, node)
     if reason is None:
         return backend, ""
     if cpu_backup is backend:
@@ -142,7 +144,7 @@ def choose(node: Node, inputs: list[Tensor], outputs: list[Tensor], backend: Bac
     if strict:
         raise BackendUnavailableError(f"strict_device=true: op {node.name} ({node.type}) would fall back to the "
                                       f"CPU: {reason}", field="strict_device")
-    backup_reason = decline(cpu_backup, node, inputs, outputs)
+    backup_reason = decline(cpu_backup, inputs, outputs, node)
     if backup_reason is not None:
         raise ModelFormatError(f"no backend can run op type {node.type}: {reason}; {backup_reason}",
                                field=node.name)

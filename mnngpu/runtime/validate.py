@@ -105,7 +105,7 @@ def _check_linear_attention(net: Net, op: Op, where: str) -> None:
     """The table's head dims agree with each other and with the conv_weight Const, and its mode is one
     mnngpu runs (mnngpu/ops/linear_attention.py)."""
     param = op.param
-    problem = linear_attention.param_problem(param)
+    problem = linear_attention.decline_table(param)
     if problem is not None:
         field, expected = problem
         raise _error(net, expected, f"{where}.{field}")
@@ -114,7 +114,7 @@ def _check_linear_attention(net: Net, op: Op, where: str) -> None:
         weight_problem = linear_attention.conv_weight_problem(param, dims)
         if weight_problem is not None:
             raise _error(net, weight_problem, f"{where}.head_v_dim")
-    reason = linear_attention.refusal(param)
+    reason = linear_attention.decline_mode(param)
     if reason is not None:
         raise ModelFormatError(reason, path=net.path, field=f"{where}.attn_type")
 

@@ -109,7 +109,7 @@ class OneOp:
         self.outputs = [Tensor(tuple(s), np.dtype(d), "out") for s, d in op_table.infer(node, self.inputs)]
         keep_raw_weights(node)
         placement.rearrange_for(backend, node)   # at load, as static_module does
-        reason = placement.decline(backend, node, self.inputs, self.outputs)
+        reason = placement.decline(backend, self.inputs, self.outputs, node)
         if backend.type in declined_by:
             assert reason, f"{backend.type} was expected to decline {node.type}"
             backend = _cpu()

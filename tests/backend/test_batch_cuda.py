@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnngpu.backends.cuda.ops.attention import AttentionExecution
+from mnngpu.backends.cuda.ops.attention import CUDAAttention
 from mnngpu.errors import ConfigError
 from mnngpu.generation.batch import Batch
 from tests.backend.harness import OneOp, close, conv_node, linear_reference, make, quantized_linear, stored
@@ -52,7 +52,7 @@ def test_the_batched_decode_module_replays_one_graph():
     batch.run()
     backend = model.runtime.backend()
     batched = [r for r in backend.graphs.recordings
-               if any(isinstance(e, AttentionExecution) and e.batched for e in r.executions)]
+               if any(isinstance(e, CUDAAttention) and e.batched for e in r.executions)]
     assert batched and all(r.graph is not None and r.runs >= NEW_TOKENS - 1 for r in batched)
 
 

@@ -132,7 +132,7 @@ def test_platform_without_devices(monkeypatch):
 
 
 def test_low_precision_uses_fp16_only_with_the_extension(recwarn):
-    from mnngpu import backend as backend_module
+    from mnngpu.backend import interface as backend_module
 
     backend = make_backend(precision="high", half=None)
     assert not backend.half

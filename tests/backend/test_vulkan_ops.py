@@ -369,8 +369,8 @@ def test_one_recording_per_module_and_only_inputs_and_logits_move(vulkan, monkey
     model.set_config({"backend_type": "vulkan", "precision": "high"})
     model.load()
     recorded = []
-    record = program.Segment.record
-    monkeypatch.setattr(program.Segment, "record", lambda self, *a: (recorded.append(self), record(self, *a))[1])
+    record = program.CommandSegment.record
+    monkeypatch.setattr(program.CommandSegment, "record", lambda self, *a: (recorded.append(self), record(self, *a))[1])
     for prompt in ref["prompts"]:   # one and two prefill chunks
         model.reset()
         tokens = [int(np.asarray(model.forward(prompt["ids"]))[0, -1].argmax())]

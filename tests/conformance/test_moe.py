@@ -90,7 +90,7 @@ def _sparse_executions(backend_type: str, monkeypatch) -> dict[str, list]:
     if backend_type == "vulkan":
         from mnngpu.backends.vulkan.ops.routing import VulkanSparseMoE as Execution
     else:
-        from mnngpu.backends.opencl.ops.routing import SparseMoEExecution as Execution
+        from mnngpu.backends.opencl.ops.routing import OpenCLSparseMoE as Execution
     made: dict[str, list] = {}
     resize = Execution.onResize
 

@@ -357,6 +357,10 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale
 
 
 class CPUAttention(CPUExecution):
+    @classmethod
+    def variant_for(cls, inputs, node):
+        return cls if node.param.kv_cache else CPUEncoderAttention
+
     def plan(self, inputs, outputs):
         _, self.seq, self.heads, self.dim = inputs[0].shape
         self.kv_heads = inputs[1].shape[2]
@@ -450,3 +454,7 @@ class CPUEncoderAttention(CPUExecution):
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         self.out[:] = attend_all(self.q, self.k, self.v, self.mask, self.scale)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Attention": CPUAttention}

@@ -2,7 +2,7 @@
 
 The common float BinaryOps and UnaryOps call a numpy ufunc with `out=` (MUL_SILU a numba kernel);
 the rarer types fall back to their host rule (mnngpu/ops/elementwise.py), as every other op
-without a kernel here does (ops/base.py's HostOpExecution).
+without a kernel here does (ops/base.py's CPUHostOp).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from mnngpu import jit
 from mnngpu.backends.cpu.kernels import fastmath
-from mnngpu.backends.cpu.ops.base import HostOpExecution
+from mnngpu.backends.cpu.ops.base import CPUHostOp
 
 UFUNCS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
           "MAXIMUM": np.maximum, "MINIMUM": np.minimum}
@@ -19,7 +19,7 @@ UNARY_UFUNCS = {"NEG": np.negative, "COS": np.cos, "SIN": np.sin, "EXP": np.exp,
                 "ABS": np.abs, "TANH": np.tanh, "SQUARE": np.square}
 
 
-class BinaryExecution(HostOpExecution):
+class CPUBinary(CPUHostOp):
     def bind(self):
         super().bind()
         a, b = self.args
@@ -42,7 +42,7 @@ class BinaryExecution(HostOpExecution):
             super().onExecute(inputs, outputs)
 
 
-class UnaryExecution(HostOpExecution):
+class CPUUnary(CPUHostOp):
     def bind(self):
         super().bind()
         floats = self.out.dtype == np.float32 and self.args[0].dtype == np.float32
@@ -53,3 +53,7 @@ class UnaryExecution(HostOpExecution):
             self.ufunc(self.args[0], out=self.out)
         else:
             super().onExecute(inputs, outputs)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"BinaryOp": CPUBinary, "UnaryOp": CPUUnary}

@@ -31,7 +31,7 @@ from mnngpu import jit
 from mnngpu.backends.cpu.kernels import lane_kernels
 from mnngpu.backends.cpu.kernels import linear_kernels as kernels
 from mnngpu.backends.cpu.ops.base import CPUExecution
-from mnngpu.ops.linear import im2col
+from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP, im2col, is_pointwise, is_windowed
 
 TILE_BYTES = 1 << 21    # float32 bytes of one dequantized weight tile
 MIN_TILE_ROWS = 224     # measured: a 512 x 4864 x 224 GEMM runs 40% faster than one 107 rows wide
@@ -141,6 +141,23 @@ class CPULinear(CPUExecution):
     """One Convolution, or a fused LinearGroup (several outputs) / GatedLinear (gate, up -> one)."""
 
     gated = False
+
+    @classmethod
+    def variant_for(cls, inputs, node):
+        if node.type == "Convolution" and is_windowed(node.param.common, inputs[0].shape):
+            return CPUConvolution
+        return cls
+
+    @classmethod
+    def pack(cls, backend, node) -> None:
+        """int4 layers that read one row at a time go into lane groups where activations are
+        quantized (precision low); with use_mmap the packed arrays move to files under tmp_path."""
+        lanes = backend.quantize_activations and is_pointwise(node.param.common)
+        packed = pack_linear(node.weights.pop("weight"), node.param, lanes=lanes)
+        if backend.weight_files is not None:
+            packed = backend._mapped(packed)
+        node.weights["packed"] = packed
+        backend.lane_layers += packed.lanes
 
     @property
     def members(self) -> list[PackedLinear]:
@@ -320,3 +337,7 @@ def weight_tile(backend, w: PackedLinear, start: int, stop: int) -> np.ndarray:
     args = (w.codes, w.alpha, w.k, w.nibbles, w.block, start, tile)
     jit.runnable(kernels.dequantize_rows, args)(*args)
     return tile
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Convolution": CPULinear, LINEAR_GROUP: CPULinear, GATED_LINEAR: CPUGatedLinear}

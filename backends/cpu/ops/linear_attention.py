@@ -160,3 +160,7 @@ class CPULinearAttention(CPUExecution):
         if kept:
             gate, beta = (part[:kept] for part in gate_beta) if gate_beta else (None, None)
             self._advance(state, qkv[:, :kept], gate, beta, kept, np.empty((kept, self.out.shape[1]), np.float32))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LinearAttention": CPULinearAttention}

@@ -92,3 +92,7 @@ class CPULayerNorm(CPUExecution):
         if self.addends is not None:
             np.add(*self.addends, out=self.args[0])
         self.norm_rows(*self.args)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LayerNorm": CPULayerNorm}

@@ -12,7 +12,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.ops.op_table import evaluate_rope_ops
-from mnngpu.ops.rope import rope_split
+from mnngpu.ops.rope import ROPE, rope_split
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -64,3 +64,7 @@ class CPURoPE(CPUExecution):
             np.copyto(self.out, evaluate_rope_ops(self.node, self.args), casting="unsafe")
         else:
             self.rotate(*self.args)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {ROPE: CPURoPE}

@@ -1,8 +1,8 @@
 """The routing family on the CPU: SPARSE_MOE, where only the experts the router chose run, on their
-weights as packed at load (the router's own ops run through HostOpExecution).
+weights as packed at load (the router's own ops run through CPUHostOp).
 
 Each expert is gate_up -> up * silu(gate) -> down (runtime/moe.py checks that form at load). Its
-two Convolutions are packed by the CPU's own rearrange like any linear layer (views of the
+two Convolutions are packed by CPULinear.pack like any linear layer (views of the
 memory-mapped codes, or lane groups at precision low); gate and up are row views of gate_up's
 packing, so the fused gated kernel runs them in one launch. Nothing is copied per token.
 
@@ -27,7 +27,7 @@ from mnngpu.backends.cpu.kernels.intrinsics import LANES
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.backends.cpu.ops.linear import CPUGatedLinear, CPULinear, PackedLinear
 from mnngpu.ops.linear import GATED_LINEAR, FusedLinearParam
-from mnngpu.ops.routing import SparseExpert
+from mnngpu.ops.routing import SPARSE_MOE, SparseExpert
 
 
 def half_rows(packed: PackedLinear, first: bool) -> PackedLinear | None:
@@ -158,3 +158,7 @@ class CPUSparseMoE(CPUExecution):
             ExpertRun(self.backend, self._expert(expert), x, act, y).run()
             y *= self.w.reshape(-1)[entries, None]
             self.out[tokens] += y   # a row chooses an expert at most once: no index repeats
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {SPARSE_MOE: CPUSparseMoE}

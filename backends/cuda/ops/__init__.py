@@ -1,23 +1,9 @@
-"""The CUDA backend's op table: op type -> Execution class. The MoE router's ops have no kernels
-here yet: CUDABackend.caps says why they run on the CPU backup."""
+"""The CUDA backend's op table: op type -> Execution class, merged from each family file's
+`EXECUTIONS` (a new op of a family touches only that family's file here). The MoE router's ops
+have no kernels here yet: CUDABackend.caps says why they run on the CPU backup."""
 
-from mnngpu.backends.cuda.ops.attention import AttentionExecution
-from mnngpu.backends.cuda.ops.elementwise import BinaryExecution, CastExecution, UnaryExecution
-from mnngpu.backends.cuda.ops.linear import LinearExecution
-from mnngpu.backends.cuda.ops.movement import ConcatExecution, IndexCopyExecution, ViewExecution
-from mnngpu.backends.cuda.ops.norm import LayerNormExecution
-from mnngpu.ops.movement import VIEW_OPS
+from mnngpu.backends.cuda.ops import attention, elementwise, linear, movement, norm
 
-EXECUTIONS = {
-    **{op: ViewExecution for op in VIEW_OPS},
-    "StridedSlice": IndexCopyExecution,
-    "GatherV2": IndexCopyExecution,
-    "Gather": IndexCopyExecution,
-    "Concat": ConcatExecution,
-    "BinaryOp": BinaryExecution,
-    "UnaryOp": UnaryExecution,
-    "Cast": CastExecution,
-    "LayerNorm": LayerNormExecution,
-    "Convolution": LinearExecution,
-    "Attention": AttentionExecution,
-}
+# The families in order: a later family's row replaces an earlier one's for the same op type.
+FAMILIES = (movement, elementwise, linear, norm, attention)
+EXECUTIONS = {op_type: execution for family in FAMILIES for op_type, execution in family.EXECUTIONS.items()}

@@ -24,7 +24,7 @@ from mnngpu.backend.device_caches import Slot
 from mnngpu.backend.kv import attention_scale, grown_capacity, reserve_moves
 from mnngpu.backend.sequences import segments
 from mnngpu.backends.cuda.device import BLOCK, grid_for
-from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.backends.cuda.ops.base import CUDAExecution
 from mnngpu.errors import ConfigError, InputError, MnnGpuError
 from mnngpu.ops.attention import key_window
 
@@ -137,7 +137,7 @@ class DeviceKVCache:
         return end
 
 
-class AttentionExecution(CudaExecution):
+class CUDAAttention(CUDAExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
         return None if supported(inputs) else "no attention kernel for this head layout"
@@ -216,3 +216,7 @@ class AttentionExecution(CudaExecution):
 def supported(inputs) -> bool:
     q, k = inputs[0].shape, inputs[1].shape
     return len(q) == 4 and len(k) == 4 and q[3] <= MAX_HEAD_DIM and k[2] > 0 and q[2] % k[2] == 0
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Attention": CUDAAttention}

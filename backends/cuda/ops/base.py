@@ -1,4 +1,4 @@
-"""CudaExecution: an op as a list of kernel launches prepared at resize.
+"""CUDAExecution: an op as a list of kernel launches prepared at resize.
 
 onResize prepares `self.launches` (kernel, grid, block, fixed arguments); onExecute does the
 per-step host work (`before_launch`) and hands the launches to the backend's GraphRecorder,
@@ -11,7 +11,7 @@ from mnngpu.backend import Execution, Node
 from mnngpu.backends.cuda.device import Launch
 
 
-class CudaExecution(Execution):
+class CUDAExecution(Execution):
     capturable = True  # launch() is fixed kernel launches only: it can go into a CUDA graph
 
     def __init__(self, backend, node: Node):

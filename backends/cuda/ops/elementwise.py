@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backends.cuda.device import BLOCK, grid_for
-from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.backends.cuda.ops.base import CUDAExecution
 from mnngpu.ops.common import DTYPES
 from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
 
@@ -23,7 +23,7 @@ def broadcast_index(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> np.nd
     return np.ascontiguousarray(np.broadcast_to(flat, out_shape), dtype=np.int32).reshape(-1)
 
 
-class ElementwiseExecution(CudaExecution):
+class CUDAElementwise(CUDAExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
         if supported(node, inputs, outputs):
@@ -31,7 +31,7 @@ class ElementwiseExecution(CudaExecution):
         return f"no {node.type} kernel for these dtypes or this op"
 
 
-class BinaryExecution(ElementwiseExecution):
+class CUDABinary(CUDAElementwise):
     def onResize(self, inputs, outputs):
         backend, out = self.backend, outputs[0]
         a, b = inputs
@@ -47,7 +47,7 @@ class BinaryExecution(ElementwiseExecution):
                      (code, n, *buffers, *self.maps, backend._buffer(out)))
 
 
-class UnaryExecution(ElementwiseExecution):
+class CUDAUnary(CUDAElementwise):
     def onResize(self, inputs, outputs):
         n = np.int32(outputs[0].size)
         code = np.int32(UNARY_CODES[self.node.param.opType])
@@ -55,7 +55,7 @@ class UnaryExecution(ElementwiseExecution):
                      (code, n, self.backend._buffer(inputs[0]), self.backend._buffer(outputs[0])))
 
 
-class CastExecution(ElementwiseExecution):
+class CUDACast(CUDAElementwise):
     """int32 <-> float; a cast to the same type shares its input's buffer."""
 
     def onResize(self, inputs, outputs):
@@ -80,3 +80,7 @@ def supported(node, inputs, outputs) -> bool:
     if node.type == "Cast":
         return dtypes <= {FLOAT, INT} and DTYPES.get(node.param.dstT, FLOAT) in (np.float32, np.int32)
     return True
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"BinaryOp": CUDABinary, "UnaryOp": CUDAUnary, "Cast": CUDACast}

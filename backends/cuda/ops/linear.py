@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mnngpu.backends.cuda.device import BLOCK, grid_for
-from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.backends.cuda.ops.base import CUDAExecution
 
 ROWS_PER_BLOCK = 8        # warps of a 256-thread GEMV block (linear.cu)
 MAX_GEMV_TOKENS = 8       # rows of x a *_tokens GEMV takes (linear.cu MAX_TOKENS)
@@ -69,7 +69,12 @@ def gemv_kernel(w: DeviceLinear) -> str:
     return f"gemv_{w.kind}_words" if words else f"gemv_{w.kind}"
 
 
-class LinearExecution(CudaExecution):
+class CUDALinear(CUDAExecution):
+    @classmethod
+    def pack(cls, backend, node):
+        if "weight" in node.weights:
+            node.weights["cuda"] = pack_linear(backend, node.weights.pop("weight"))
+
     @classmethod
     def decline(cls, inputs, outputs, node):
         return None if "cuda" in node.weights else "its weights were not packed for CUDA"
@@ -153,3 +158,7 @@ class LinearExecution(CudaExecution):
         device = self.backend.device
         with device.stream:
             kernel(grid_for(n), (BLOCK,), args)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Convolution": CUDALinear}

@@ -13,10 +13,11 @@ import numpy as np
 from mnngpu.backend import Execution, Tensor
 from mnngpu.backend.movement import concat_destinations, gather_sources
 from mnngpu.backends.cuda.device import BLOCK, grid_for
-from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.backends.cuda.ops.base import CUDAExecution
+from mnngpu.ops.movement import VIEW_OPS
 
 
-class ViewExecution(Execution):
+class CUDAView(Execution):
     needs_run = False
     capturable = True
 
@@ -34,7 +35,7 @@ class ViewExecution(Execution):
         """Nothing to do (the Pipeline leaves it out of the replay)."""
 
 
-class MapCopyExecution(CudaExecution):
+class CUDAMapCopy(CUDAExecution):
     def copy(self, kind: str, src: Tensor, dst: Tensor, index: np.ndarray) -> None:
         """gather: dst[i] = src[index[i]]; scatter: dst[index[i]] = src[i] (raw 16/32-bit words)."""
         if index.size == 0:
@@ -47,7 +48,7 @@ class MapCopyExecution(CudaExecution):
                      (n, self.backend._buffer(src), device_index, self.backend._buffer(dst)))
 
 
-class IndexCopyExecution(MapCopyExecution):
+class CUDAIndexCopy(CUDAMapCopy):
     """StridedSlice, GatherV2, Gather: every input but the first is known on the host."""
 
     @classmethod
@@ -58,9 +59,14 @@ class IndexCopyExecution(MapCopyExecution):
         self.copy("gather", inputs[0], outputs[0], gather_sources(self.node, inputs).reshape(-1))
 
 
-class ConcatExecution(MapCopyExecution):
+class CUDAConcat(CUDAMapCopy):
     """One scatter per input into its place in the output."""
 
     def onResize(self, inputs, outputs):
         for part, destination in zip(inputs, concat_destinations(self.node, inputs)):
             self.copy("scatter", part, outputs[0], destination.reshape(-1))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {**{op: CUDAView for op in VIEW_OPS}, "StridedSlice": CUDAIndexCopy, "GatherV2": CUDAIndexCopy,
+              "Gather": CUDAIndexCopy, "Concat": CUDAConcat}

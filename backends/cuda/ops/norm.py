@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backend import Node
-from mnngpu.backends.cuda.ops.base import CudaExecution
+from mnngpu.backends.cuda.ops.base import CUDAExecution
 from mnngpu.ops import norm
-
-
-def pack_norm(backend, node: Node) -> None:
-    """gamma and beta as fp32 device arrays, shared by every execution of the node."""
-    node.weights["cuda"] = tuple(None if node.weights.get(key) is None
-                                 else backend.device.to_device(np.asarray(node.weights[key], dtype=np.float32))
-                                 for key in ("gamma", "beta"))
 
 
 def norm_threads(cols: int) -> int:
@@ -21,10 +13,17 @@ def norm_threads(cols: int) -> int:
     return min(256, max(32, -(-cols // 32) * 32))
 
 
-class LayerNormExecution(CudaExecution):
+class CUDALayerNorm(CUDAExecution):
+    @classmethod
+    def pack(cls, backend, node):
+        """gamma and beta as fp32 device arrays, shared by every execution of the node."""
+        node.weights["cuda"] = tuple(None if node.weights.get(key) is None
+                                     else backend.device.to_device(np.asarray(node.weights[key], dtype=np.float32))
+                                     for key in ("gamma", "beta"))
+
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return norm.decline(node, inputs)
+        return norm.decline(inputs, outputs, node)
 
     def onResize(self, inputs, outputs):
         p, backend = self.node.param, self.backend
@@ -35,3 +34,7 @@ class LayerNormExecution(CudaExecution):
                 backend._buffer(inputs[0]), backend._or_placeholder(gamma), np.int32(gamma is not None),
                 backend._or_placeholder(beta), np.int32(beta is not None), backend._buffer(outputs[0]))
         self.prepare("norm.cu", "layer_norm", (max(1, rows),), (norm_threads(cols),), args)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LayerNorm": CUDALayerNorm}

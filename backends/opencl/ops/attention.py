@@ -6,7 +6,7 @@ the step (OpenCLBackend.set_kv_length), so the same prepared kernels serve every
 and every decode step. Inputs: q (1, seq, heads, head_dim), k (1, seq, kv_heads, head_dim),
 v (the same values seq-major, any shape), mask (the kernels mask causally; the mask only names
 a key window, for a sliding layer: runtime.attention_mask). An Attention op with kv_cache false
-(a vision encoder's) is EncoderAttentionExecution: no cache, every query over every key, the
+(a vision encoder's) is OpenCLEncoderAttention: no cache, every query over every key, the
 mask input added to the scores.
 
 Several sequences: each has its own caches (`kv_caches`), and the kernels are bound to the current
@@ -25,7 +25,7 @@ import pyopencl as cl
 
 from mnngpu.backend.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
 from mnngpu.backend.sequences import segments
-from mnngpu.backends.opencl.ops.base import FLAT_GROUP, KernelExecution, Launch
+from mnngpu.backends.opencl.ops.base import FLAT_GROUP, Launch, OpenCLExecution
 from mnngpu.errors import MnnGpuError
 from mnngpu.ops.attention import key_window
 
@@ -133,7 +133,13 @@ class DeviceKVCache:
         cl.enqueue_copy(self.backend.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)
 
 
-class AttentionExecution(KernelExecution):
+class OpenCLAttention(OpenCLExecution):
+    """With the KV cache (an LLM's); an encoder's Attention runs as OpenCLEncoderAttention."""
+
+    @classmethod
+    def variant_for(cls, inputs, node):
+        return cls if node.param.kv_cache else OpenCLEncoderAttention
+
     def plan(self, inputs, outputs):
         _, seq, heads, dim = inputs[0].shape
         kv_heads = inputs[1].shape[2]
@@ -216,7 +222,7 @@ class AttentionExecution(KernelExecution):
                                    global_work_offset=(0, start))
 
 
-class EncoderAttentionExecution(KernelExecution):
+class OpenCLEncoderAttention(OpenCLExecution):
     """kv_cache false: q, k, v (1, seq, heads or kv_heads, head_dim) of this run only, and the
     mask input ([1, seq, seq], [planes, 1, seq, seq], ...) added to the scores."""
 
@@ -232,12 +238,5 @@ class EncoderAttentionExecution(KernelExecution):
         self.prepare("attention.cl", "encoder_attention", args, (heads, seq), (1, 1), {"HEAD_DIM": dim})
 
 
-class AttentionOp:
-    """The op table's Attention entry: with the KV cache (an LLM's), or an encoder's."""
-
-    @classmethod
-    def decline(cls, inputs, outputs, node) -> str | None:
-        return None
-
-    def __new__(cls, backend, node) -> KernelExecution:
-        return (AttentionExecution if node.param.kv_cache else EncoderAttentionExecution)(backend, node)
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Attention": OpenCLAttention}

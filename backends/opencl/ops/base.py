@@ -1,4 +1,4 @@
-"""What every OpenCL Execution shares: KernelExecution, a planned execution (mnngpu/backend/planned.py)
+"""What every OpenCL Execution shares: OpenCLExecution, a planned execution (mnngpu/backend/planned.py)
 that prepares its kernels at onResize and only enqueues them at onExecute, and the int8 vectors
 the kernels take shapes and strides in.
 
@@ -40,7 +40,7 @@ def _round_up(size: tuple[int, ...], local: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(max(1, -(-s // l)) * l for s, l in zip(size, local))
 
 
-class KernelExecution(PlannedExecution):
+class OpenCLExecution(PlannedExecution):
     """`plan` prepares each kernel; a view (view_of set) has none."""
 
     def __init__(self, backend, node):

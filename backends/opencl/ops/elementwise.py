@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend.movement import broadcast_strides, coalesce
-from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
+from mnngpu.backends.opencl.ops.base import MAX_RANK, OpenCLExecution, int8_vector
 from mnngpu.errors import ModelFormatError
 from mnngpu.ops.elementwise import BINARY_CODES, UNARY_CODES
 
@@ -28,7 +28,7 @@ def _decline_float_kernel(node, inputs, outputs, kernels: frozenset[str]) -> str
     return f"{node.type} kernels run on float32 tensors, got {sorted(d.name for d in dtypes)}"
 
 
-class BinaryExecution(KernelExecution):
+class OpenCLBinary(OpenCLExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
         return _decline_float_kernel(node, inputs, outputs, BINARY_OPS)
@@ -49,7 +49,7 @@ class BinaryExecution(KernelExecution):
                      defines={"RANK": len(shape)})
 
 
-class UnaryExecution(KernelExecution):
+class OpenCLUnary(OpenCLExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
         return _decline_float_kernel(node, inputs, outputs, UNARY_OPS)
@@ -60,7 +60,7 @@ class UnaryExecution(KernelExecution):
         self.prepare("elementwise.cl", f"unary_{self.node.param.opType}", args, (out.size,))
 
 
-class CastExecution(KernelExecution):
+class OpenCLCast(OpenCLExecution):
     """int32 <-> float32; a cast to the same type is a view."""
 
     @classmethod
@@ -77,3 +77,7 @@ class CastExecution(KernelExecution):
             return
         name = "cast_int_to_float" if np.issubdtype(out.dtype, np.floating) else "cast_float_to_int"
         self.prepare("elementwise.cl", name, [out, x, np.int32(out.size)], (out.size,))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"BinaryOp": OpenCLBinary, "UnaryOp": OpenCLUnary, "Cast": OpenCLCast}

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.backends.opencl.ops.base import OpenCLExecution
+from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 ROWS = TOKENS = 4   # outputs and rows of x per work-item in linear_rows_*
 CPU_GROUP = 16      # work-items per group: PoCL spreads groups, not items, over its threads
@@ -96,7 +97,13 @@ def pack_experts(backend, weights: list) -> DeviceLinear:
                         *(_constant(device, a) for a in (*stacked, bias)))
 
 
-class LinearExecution(KernelExecution):
+class OpenCLLinear(OpenCLExecution):
+    @classmethod
+    def pack(cls, backend, node):
+        if is_expert_op(node.name) and SPARSE_MOE in backend.executions:
+            return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
+        node.weights["opencl"] = pack_linear(backend, node.weights.pop("weight"))
+
     def plan(self, inputs, outputs):
         w = linear_weights(self.backend, self.node)
         n = inputs[0].size // w.ic
@@ -119,3 +126,7 @@ class LinearExecution(KernelExecution):
             self.prepare("linear.cl", "linear_rows_gemm", args, (-(-w.oc // ROWS), token_items), group, defines)
         else:
             self.prepare("linear.cl", "linear_generic", args, (w.oc, n), (CPU_GROUP, 1), defines)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Convolution": OpenCLLinear}

@@ -20,13 +20,13 @@ import pyopencl as cl
 
 from mnngpu.backend.kv import begin_state_forward
 from mnngpu.backend.widths import saved_rows_room
-from mnngpu.backends.opencl.ops.base import KernelExecution, Launch
+from mnngpu.backends.opencl.ops.base import Launch, OpenCLExecution
 from mnngpu.backends.opencl.state import CLStateCache, adopt
 from mnngpu.errors import MnnGpuError
+from mnngpu.ops import linear_attention
 from mnngpu.ops.linear_attention import (
     GATED_DELTA_RULE,
     conv_channels,
-    device_decline,
     saves_verify_rows,
     state_shapes,
     token_rows,
@@ -35,10 +35,10 @@ from mnngpu.ops.linear_attention import (
 SOURCE = "linear_attention.cl"
 
 
-class LinearAttentionExecution(KernelExecution):
+class OpenCLLinearAttention(OpenCLExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return device_decline(inputs, node)
+        return linear_attention.decline(inputs, outputs, node)
 
     def plan(self, inputs, outputs):
         param, shape = self.node.param, inputs[0].shape
@@ -164,3 +164,7 @@ class LinearAttentionExecution(KernelExecution):
         self.replay_saved = saved
         for launch in self.replay:
             launch.kernel.set_args(*launch.args)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LinearAttention": OpenCLLinearAttention}

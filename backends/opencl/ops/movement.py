@@ -18,14 +18,15 @@ from mnngpu.backend.movement import (
     gather_sources,
     index_stand_in,
 )
-from mnngpu.backends.opencl.ops.base import MAX_RANK, KernelExecution, int8_vector
+from mnngpu.backends.opencl.ops.base import MAX_RANK, OpenCLExecution, int8_vector
+from mnngpu.ops.movement import VIEW_OPS
 
 
-class ViewExecution(KernelExecution):
+class OpenCLView(OpenCLExecution):
     view_of = 0
 
 
-class CopyExecution(KernelExecution):
+class OpenCLCopy(OpenCLExecution):
     def copy(self, dst: Tensor, src: Tensor, src_offsets: np.ndarray, dst_offsets: np.ndarray) -> None:
         """dst[dst_offsets[i]] = src[src_offsets[i]] over the elements i of one copy shape."""
         if src_offsets.size == 0:
@@ -45,7 +46,7 @@ class CopyExecution(KernelExecution):
         self.prepare("copy.cl", f"mapped_copy_{width}", [dst, src, n, *maps], (int(n),))
 
 
-class GatherCopyExecution(CopyExecution):
+class OpenCLGatherCopy(OpenCLCopy):
     """StridedSlice, GatherV2, Gather: every input but the first is known on the host. One that
     takes every element in order (the logits slice of a prefill that wants all rows) is a view."""
 
@@ -61,9 +62,14 @@ class GatherCopyExecution(CopyExecution):
         self.copy(out, inputs[0], source.reshape(out.shape), index_stand_in(out.shape))
 
 
-class ConcatExecution(CopyExecution):
+class OpenCLConcat(OpenCLCopy):
     """One copy per input into its region of the output."""
 
     def plan(self, inputs, outputs):
         for part, destination in zip(inputs, concat_destinations(self.node, inputs)):
             self.copy(outputs[0], part, index_stand_in(part.shape), destination)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {**{op: OpenCLView for op in VIEW_OPS}, "StridedSlice": OpenCLGatherCopy, "GatherV2": OpenCLGatherCopy,
+              "Gather": OpenCLGatherCopy, "Concat": OpenCLConcat}

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backend import Node
-from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.backends.opencl.ops.base import OpenCLExecution
 from mnngpu.ops import norm
 
 NORM_WG = 64    # norm_group's work-group size (norm.cl)
 ROWS_GROUP = 4  # rows per work-group in norm_rows
 
 
-def pack_norm(backend, node: Node) -> None:
-    """Upload gamma and beta once (float32); the small host arrays stay for reference."""
-    node.weights["opencl"] = tuple(None if node.weights.get(name) is None
-                                   else backend.device.constant(np.asarray(node.weights[name], dtype=np.float32))
-                                   for name in ("gamma", "beta"))
+class OpenCLLayerNorm(OpenCLExecution):
+    @classmethod
+    def pack(cls, backend, node):
+        """Upload gamma and beta once (float32); the small host arrays stay for reference."""
+        node.weights["opencl"] = tuple(None if node.weights.get(name) is None
+                                       else backend.device.constant(np.asarray(node.weights[name], dtype=np.float32))
+                                       for name in ("gamma", "beta"))
 
-
-class LayerNormExecution(KernelExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return norm.decline(node, inputs)
+        return norm.decline(inputs, outputs, node)
 
     def plan(self, inputs, outputs):
         p = self.node.param
@@ -38,3 +37,7 @@ class LayerNormExecution(KernelExecution):
             self.prepare("norm.cl", "norm_group", args, (rows * NORM_WG,), (NORM_WG,))
         else:
             self.prepare("norm.cl", "norm_rows", args, (rows,), (ROWS_GROUP,))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LayerNorm": OpenCLLayerNorm}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend import Tensor
-from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.backends.opencl.ops.base import OpenCLExecution
 from mnngpu.ops import op_table
-from mnngpu.ops.rope import rope_split
+from mnngpu.ops.rope import ROPE, rope_split
 
 
 def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
@@ -25,7 +25,7 @@ def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
     return rope_split(node, inputs)
 
 
-class RoPEExecution(KernelExecution):
+class OpenCLRoPE(OpenCLExecution):
     def onResize(self, inputs, outputs):
         self.launches, self.as_exported = [], []
         self.split = rotate_half_split(self.node, inputs)
@@ -61,3 +61,7 @@ class RoPEExecution(KernelExecution):
         for execution, op_inputs, op_outputs in self.as_exported:
             execution.onExecute(op_inputs, op_outputs)
         super().onExecute(inputs, outputs)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {ROPE: OpenCLRoPE}

@@ -15,31 +15,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.backend.stacked_experts import stacked_experts, stacking_refusal
-from mnngpu.backends.opencl.ops.base import KernelExecution
+from mnngpu.backend.stacked_experts import decline_stacking, stacked_experts
+from mnngpu.backends.opencl.ops.base import OpenCLExecution
 from mnngpu.backends.opencl.ops.linear import CPU_GROUP, ROWS, DeviceLinear, pack_experts
 from mnngpu.errors import BackendUnavailableError
 from mnngpu.ops import routing
+from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
 
 
 def _lines(node, inputs) -> tuple[int, int, int]:
     return routing.layout(inputs[0].shape, routing.axes_of(node, inputs))
 
 
-class RoutingExecution(KernelExecution):
+class OpenCLRouting(OpenCLExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return routing.decline(node, inputs)
+        return routing.decline(inputs, outputs, node)
 
 
-class SoftmaxExecution(RoutingExecution):
+class OpenCLSoftmax(OpenCLRouting):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         args = [outputs[0], inputs[0], np.int32(outer), np.int32(n), np.int32(inner)]
         self.prepare("routing.cl", "softmax_lines", args, (outer * inner,))
 
 
-class TopKExecution(RoutingExecution):
+class OpenCLTopK(OpenCLRouting):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         k = routing.top_k_count(inputs)
@@ -47,7 +48,7 @@ class TopKExecution(RoutingExecution):
         self.prepare("routing.cl", "top_k_lines", args, (outer * inner,))
 
 
-class ReductionExecution(RoutingExecution):
+class OpenCLReduction(OpenCLRouting):
     def plan(self, inputs, outputs):
         outer, n, inner = _lines(self.node, inputs)
         op = routing.REDUCE_CODES[self.node.param.operation]
@@ -55,7 +56,7 @@ class ReductionExecution(RoutingExecution):
         self.prepare("routing.cl", "reduce_lines", args, (outer * inner,))
 
 
-class ExpertAddExecution(RoutingExecution):
+class OpenCLExpertAdd(OpenCLRouting):
     def plan(self, inputs, outputs):
         y, weights, selected = inputs[:3]
         acc = inputs[3] if len(inputs) > 3 else self.backend.placeholder
@@ -65,12 +66,12 @@ class ExpertAddExecution(RoutingExecution):
         self.prepare("routing.cl", "expert_add", args, (y.size,))
 
 
-class SparseMoEExecution(KernelExecution):
+class OpenCLSparseMoE(OpenCLExecution):
     """out[t] = sum over the k experts chosen for row t of w[t, j] * down(up * silu(gate))(x[t])."""
 
     @classmethod
     def decline(cls, inputs, outputs, node):
-        reason = stacking_refusal(node, "opencl", _kernel_widths)
+        reason = decline_stacking(node, "opencl", _kernel_widths)
         if reason is not None:
             # The CPU backup's sparse MoE between OpenCL ops gives wrong decode tokens (a known defect,
             # docs/formats.md): refuse rather than answer wrongly.
@@ -108,3 +109,8 @@ def _kernel_widths(gate_ups: list, downs: list) -> str | None:
     if any(w.ic % 32 or (w.block_size if w.is_quantized else w.ic) % 32 for w in (gate_ups[0], downs[0])):
         return "the expert kernels read 32 inputs at a time, within one block"
     return None
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Softmax": OpenCLSoftmax, "TopKV2": OpenCLTopK, "Reduction": OpenCLReduction,
+              EXPERT_ADD: OpenCLExpertAdd, SPARSE_MOE: OpenCLSparseMoE}

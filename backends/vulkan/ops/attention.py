@@ -162,6 +162,10 @@ class KVCache:
 
 class VulkanAttention(VulkanExecution):
     @classmethod
+    def variant_for(cls, inputs, node):
+        return cls if node.param.kv_cache else VulkanEncoderAttention
+
+    @classmethod
     def decline(cls, inputs, outputs, node):
         _, _, heads, dim = inputs[0].shape
         kv_heads = inputs[1].shape[2]
@@ -274,16 +278,5 @@ class VulkanEncoderAttention(VulkanExecution):
                       element_groups(seq * heads))
 
 
-class AttentionOp:
-    """The op table's Attention entry: the KV-cache kernels (an LLM's), or an encoder's."""
-
-    @staticmethod
-    def kind(node) -> type[VulkanExecution]:
-        return VulkanAttention if node.param.kv_cache else VulkanEncoderAttention
-
-    @classmethod
-    def decline(cls, inputs, outputs, node):
-        return cls.kind(node).decline(inputs, outputs, node)
-
-    def __new__(cls, backend, node):
-        return cls.kind(node)(backend, node)
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Attention": VulkanAttention}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mnngpu.backend import Execution
 from mnngpu.backends.vulkan.memory import DeviceTensor
-from mnngpu.backends.vulkan.program import Dispatch, Segment, grid
+from mnngpu.backends.vulkan.program import CommandSegment, Dispatch, grid
 from mnngpu.errors import ModelFormatError
 
 GROUP_SIZE = 64  # local_size_x of every elementwise kernel
@@ -13,7 +13,7 @@ MAX_RANK = 6     # dims of a strided loop after merging (the copy, binary and ro
 
 
 class VulkanExecution(Execution):
-    segment: Segment | None = None
+    segment: CommandSegment | None = None
 
     @classmethod
     def decline(cls, inputs, outputs, node) -> str | None:

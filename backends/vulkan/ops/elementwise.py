@@ -63,3 +63,6 @@ class VulkanCast(VulkanExecution):
         kernel = "cast_to_float" if _is_float(out) else "cast_to_int"
         self.dispatch(kernel, [x.device, y], pack_push("I", out.size), element_groups(out.size))
 
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"BinaryOp": VulkanBinary, "UnaryOp": VulkanUnary, "Cast": VulkanCast}

@@ -23,8 +23,8 @@ import numpy as np
 from mnngpu.backends.vulkan.memory import DeviceTensor
 from mnngpu.backends.vulkan.ops.base import VulkanExecution
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.ops.linear import QuantizedLinear
-from mnngpu.ops.op_table import GATED_LINEAR, LINEAR_GROUP
+from mnngpu.ops.linear import GATED_LINEAR, LINEAR_GROUP, QuantizedLinear
+from mnngpu.ops.routing import SPARSE_MOE, is_expert_op
 
 GROUP = 8              # inputs per weight group
 QUAD = 4               # output channels per invocation
@@ -174,6 +174,14 @@ class VulkanLinear(VulkanExecution):
     (members [gate, up], one output up * silu(gate), in one kernel)."""
 
     @classmethod
+    def pack(cls, backend, node):
+        if node.type != "Convolution" or not packable(node.weights["weight"]):
+            return   # a fused node's members are packed one by one; an unpackable layer goes to the CPU
+        if is_expert_op(node.name) and SPARSE_MOE in backend.executions:
+            return   # packed with the other experts of its MoE op (ops/routing.py), or at first use
+        node.weights["vulkan"] = pack_linear(backend, node.weights.pop("weight"))
+
+    @classmethod
     def decline(cls, inputs, outputs, node):
         for member in _members(node):
             if "vulkan" not in member.weights:
@@ -231,3 +239,7 @@ def _layout(weights: dict) -> tuple:
 
 def _part_buffers(part: LinearPart, spare: DeviceTensor) -> list[DeviceTensor]:
     return [part.weight, part.scales or spare, part.zeros or spare, part.bias or spare]
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Convolution": VulkanLinear, LINEAR_GROUP: VulkanLinear, GATED_LINEAR: VulkanLinear}

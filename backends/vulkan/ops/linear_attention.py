@@ -22,13 +22,13 @@ import numpy as np
 from mnngpu.backend.kv import begin_state_forward
 from mnngpu.backend.widths import saved_rows_room
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
-from mnngpu.backends.vulkan.program import Dispatch, Segment, grid, pack_push
+from mnngpu.backends.vulkan.program import CommandSegment, Dispatch, grid, pack_push
 from mnngpu.backends.vulkan.state import VulkanStateCache, adopt
 from mnngpu.errors import MnnGpuError
+from mnngpu.ops import linear_attention
 from mnngpu.ops.linear_attention import (
     GATED_DELTA_RULE,
     conv_channels,
-    device_decline,
     saves_verify_rows,
     state_shapes,
     token_rows,
@@ -40,7 +40,7 @@ FLOAT32 = np.dtype(np.float32)
 class VulkanLinearAttention(VulkanExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return device_decline(inputs, node)
+        return linear_attention.decline(inputs, outputs, node)
 
     def onResize(self, inputs, outputs):
         backend, param, shape = self.backend, self.node.param, inputs[0].shape
@@ -62,7 +62,7 @@ class VulkanLinearAttention(VulkanExecution):
         for dispatch in self.dispatches(inputs[0].device, strides, inputs[1].device, inputs[2].device, out,
                                         self.seq, self.control, saved):
             self.segment = backend._record(dispatch)
-        self.replay: Segment | None = None   # the kept rows of a verify block again, recorded at the first rollback
+        self.replay: CommandSegment | None = None   # the kept rows of a verify block again, recorded at the first rollback
         self.replay_saved: dict | None = None
         self.replay_control = None
 
@@ -142,9 +142,13 @@ class VulkanLinearAttention(VulkanExecution):
         out_width = self.node.param.num_v_heads * self.node.param.head_v_dim
         unused = backend._new_buffer(capacity * out_width * FLOAT32.itemsize, FLOAT32)
         self.replay_control = backend._new_buffer(16, np.int32, backend.step_arena)
-        self.replay = Segment()
+        self.replay = CommandSegment()
         for dispatch in self.dispatches(saved["qkv"], (self.channels, 1), saved.get("gate"), saved.get("beta"),
                                         unused, capacity, self.replay_control, None):
             self.replay.add(dispatch)
         self.replay.record(backend.device, backend.command_pool, backend.descriptors)
         self.replay_saved = saved
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LinearAttention": VulkanLinearAttention}

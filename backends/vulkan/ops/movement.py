@@ -12,6 +12,7 @@ from mnngpu.backend.movement import affine_strides, coalesce, contiguous_strides
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import movement
+from mnngpu.ops.movement import VIEW_OPS
 
 
 @dataclass
@@ -60,7 +61,7 @@ class VulkanView(VulkanExecution):
         outputs[0].device = inputs[0].device
 
 
-class CopyExecution(VulkanExecution):
+class VulkanCopy(VulkanExecution):
     def record_copies(self, src, dst, copies: list[StridedCopy]) -> None:
         what = f"{self.node.type} {self.node.name}"
         for c in copies:
@@ -83,13 +84,13 @@ def _host_inputs(inputs) -> list[np.ndarray]:
     return [t.host for t in inputs[1:]]
 
 
-class VulkanStridedSlice(CopyExecution):
+class VulkanStridedSlice(VulkanCopy):
     def onResize(self, inputs, outputs):
         self.record_index_map(inputs, outputs,
                               lambda index: movement.strided_slice(self.node, [index, *_host_inputs(inputs)]))
 
 
-class VulkanGather(CopyExecution):
+class VulkanGather(VulkanCopy):
     @classmethod
     def decline(cls, inputs, outputs, node):
         if all(t.host is not None for t in inputs[1:]):
@@ -101,7 +102,7 @@ class VulkanGather(CopyExecution):
                               lambda index: movement.gather(self.node, [index, *_host_inputs(inputs)]))
 
 
-class VulkanConcat(CopyExecution):
+class VulkanConcat(VulkanCopy):
     def onResize(self, inputs, outputs):
         out = outputs[0]
         dst = out.device = self.backend._new_tensor(out)
@@ -113,3 +114,8 @@ class VulkanConcat(CopyExecution):
             shape, (src_strides, dst_strides) = coalesce(tensor.shape, contiguous_strides(tensor.shape), out_strides)
             self.record_copies(src, dst, [StridedCopy(shape, 0, src_strides, start * out_strides[axis], dst_strides)])
             start += tensor.shape[axis]
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"StridedSlice": VulkanStridedSlice, "GatherV2": VulkanGather, "Gather": VulkanGather,
+              "Concat": VulkanConcat, **{op: VulkanView for op in VIEW_OPS}}

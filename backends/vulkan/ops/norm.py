@@ -9,18 +9,18 @@ from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import norm
 
 
-def pack_norm(backend, node) -> None:
-    """gamma and beta on the device; the raw arrays stay for the CPU backup."""
-    node.weights["vulkan_norm"] = tuple(
-        None if node.weights.get(name) is None
-        else backend._constant(np.asarray(node.weights[name], np.float32))
-        for name in ("gamma", "beta"))
-
-
 class VulkanLayerNorm(VulkanExecution):
     @classmethod
+    def pack(cls, backend, node):
+        """gamma and beta on the device; the raw arrays stay for the CPU backup."""
+        node.weights["vulkan_norm"] = tuple(
+            None if node.weights.get(name) is None
+            else backend._constant(np.asarray(node.weights[name], np.float32))
+            for name in ("gamma", "beta"))
+
+    @classmethod
     def decline(cls, inputs, outputs, node):
-        return norm.decline(node, inputs)
+        return norm.decline(inputs, outputs, node)
 
     def onResize(self, inputs, outputs):
         backend = self.backend
@@ -28,10 +28,14 @@ class VulkanLayerNorm(VulkanExecution):
         n = norm.norm_width(p, inputs[0].shape)
         rows = inputs[0].size // max(n, 1)
         if "vulkan_norm" not in self.node.weights:
-            pack_norm(backend, self.node)
+            self.pack(backend, self.node)
         gamma, beta = self.node.weights["vulkan_norm"]
         x = inputs[0].device
         y = outputs[0].device = backend._new_tensor(outputs[0])
         push = pack_push("IIfIII", rows, n, float(p.epsilon), int(bool(p.useRMSNorm)), int(gamma is not None),
                          int(beta is not None))
         self.dispatch("layer_norm", [x, gamma or backend.placeholder, beta or backend.placeholder, y], push, rows)
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"LayerNorm": VulkanLayerNorm}

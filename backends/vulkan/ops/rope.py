@@ -9,7 +9,7 @@ import numpy as np
 from mnngpu.backend.movement import broadcast_strides, coalesce, contiguous_strides
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
-from mnngpu.ops.rope import rope_split
+from mnngpu.ops.rope import ROPE, rope_split
 
 
 class VulkanRoPE(VulkanExecution):
@@ -33,3 +33,7 @@ class VulkanRoPE(VulkanExecution):
         push = pack_push("4I6I6i6i", out.size, x.shape[-1], rope_split(self.node, inputs), len(shape),
                          *padded(shape, what), *padded(cos_strides, what), *padded(sin_strides, what))
         self.dispatch("rope", [x.device, cos.device, sin.device, y], push, element_groups(out.size))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {ROPE: VulkanRoPE}

@@ -13,7 +13,7 @@ per row are k experts' of num_experts.
 
 from __future__ import annotations
 
-from mnngpu.backend.stacked_experts import stacked_experts, stacking_refusal
+from mnngpu.backend.stacked_experts import decline_stacking, stacked_experts
 from mnngpu.backends.vulkan.device import shared_device
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.ops.linear import (
@@ -28,12 +28,13 @@ from mnngpu.backends.vulkan.ops.linear import (
 )
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import routing
+from mnngpu.ops.routing import EXPERT_ADD, SPARSE_MOE
 
 
 class VulkanRouting(VulkanExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return routing.decline(node, inputs)
+        return routing.decline(inputs, outputs, node)
 
     def onResize(self, inputs, outputs):
         node = self.node
@@ -54,7 +55,7 @@ class VulkanRouting(VulkanExecution):
 class VulkanExpertAdd(VulkanExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return routing.decline(node, inputs)
+        return routing.decline(inputs, outputs, node)
 
     def onResize(self, inputs, outputs):
         y, weights, selected = inputs[:3]
@@ -72,7 +73,7 @@ class VulkanSparseMoE(VulkanExecution):
 
     @classmethod
     def decline(cls, inputs, outputs, node):
-        return stacking_refusal(node, "vulkan", _fits_device)
+        return decline_stacking(node, "vulkan", _fits_device)
 
     def onResize(self, inputs, outputs):
         backend = self.backend
@@ -119,3 +120,8 @@ def _fits_device(gate_ups: list, downs: list) -> str | None:
 
 def _quad_groups(layer: PackedLinear) -> int:
     return -(-layer.oc // (QUAD * GROUP_SIZE))
+
+
+# This family's rows of the backend's op table (ops/__init__.py merges the families).
+EXECUTIONS = {"Softmax": VulkanRouting, "TopKV2": VulkanRouting, "Reduction": VulkanRouting,
+              EXPERT_ADD: VulkanExpertAdd, SPARSE_MOE: VulkanSparseMoE}
