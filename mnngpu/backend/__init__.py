@@ -25,9 +25,10 @@ from mnngpu.backend.interface import (
     Execution,
     Node,
     Tensor,
+    merged_table,
     warn_once,
 )
 from mnngpu.backend.registry import REGISTRY, backend_class, create_backend
 
 __all__ = ["REGISTRY", "Backend", "BackendConfig", "Capabilities", "DeviceWarning", "Execution", "Node", "Tensor",
-           "backend_class", "create_backend", "warn_once"]
+           "backend_class", "create_backend", "merged_table", "warn_once"]

@@ -130,6 +130,12 @@ class Execution(ABC):
         """Run (GPU backends enqueue)."""
 
 
+def merged_table(families) -> dict[str, type[Execution]]:
+    """A backend's op table from its family files' `EXECUTIONS` (ops/<family>.py), in order: a later
+    family's row replaces an earlier one's for the same op type (the CPU's host-rule rows first)."""
+    return {op_type: execution for family in families for op_type, execution in family.EXECUTIONS.items()}
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can do, declared once per backend class (`caps`); callers read these flags

@@ -57,6 +57,13 @@ def layer_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
     return [(inputs[0].shape, inputs[0].dtype)] * min(len(inputs), 2)
 
 
+def device_weights(node, upload) -> tuple:
+    """(gamma, beta) as a device backend keeps them: each float32 array through `upload`, None where
+    the norm has none. The raw arrays stay on the node for the CPU backup."""
+    return tuple(None if node.weights.get(name) is None else upload(np.asarray(node.weights[name], dtype=np.float32))
+                 for name in ("gamma", "beta"))
+
+
 def decline(inputs, outputs, node) -> str | None:
     """The form the device kernels do not take (it runs on the CPU backup)."""
     if len(inputs) > 1:

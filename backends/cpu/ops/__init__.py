@@ -9,6 +9,7 @@ backend into those rewrites. Two variants the table cannot key come from its ent
 (CPUConvolution).
 """
 
+from mnngpu.backend import merged_table
 from mnngpu.backends.cpu.ops import (
     attention,
     base,
@@ -21,6 +22,5 @@ from mnngpu.backends.cpu.ops import (
     routing,
 )
 
-# The families in order: a later family's row replaces an earlier one's for the same op type.
 FAMILIES = (base, movement, elementwise, linear, norm, attention, linear_attention, rope, routing)
-EXECUTIONS = {op_type: execution for family in FAMILIES for op_type, execution in family.EXECUTIONS.items()}
+EXECUTIONS = merged_table(FAMILIES)

@@ -2,8 +2,8 @@
 `EXECUTIONS` (a new op of a family touches only that family's file here). The MoE router's ops
 have no kernels here yet: CUDABackend.caps says why they run on the CPU backup."""
 
+from mnngpu.backend import merged_table
 from mnngpu.backends.cuda.ops import attention, elementwise, linear, movement, norm
 
-# The families in order: a later family's row replaces an earlier one's for the same op type.
 FAMILIES = (movement, elementwise, linear, norm, attention)
-EXECUTIONS = {op_type: execution for family in FAMILIES for op_type, execution in family.EXECUTIONS.items()}
+EXECUTIONS = merged_table(FAMILIES)

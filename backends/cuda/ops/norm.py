@@ -16,10 +16,7 @@ def norm_threads(cols: int) -> int:
 class CUDALayerNorm(CUDAExecution):
     @classmethod
     def pack(cls, backend, node):
-        """gamma and beta as fp32 device arrays, shared by every execution of the node."""
-        node.weights["cuda"] = tuple(None if node.weights.get(key) is None
-                                     else backend.device.to_device(np.asarray(node.weights[key], dtype=np.float32))
-                                     for key in ("gamma", "beta"))
+        node.weights["cuda"] = norm.device_weights(node, backend.device.to_device)
 
     @classmethod
     def decline(cls, inputs, outputs, node):

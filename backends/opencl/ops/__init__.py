@@ -3,6 +3,7 @@
 SparseMoE are fused node types (runtime/fusion.py): listing them opts this backend into those
 rewrites."""
 
+from mnngpu.backend import merged_table
 from mnngpu.backends.opencl.ops import (
     attention,
     elementwise,
@@ -14,6 +15,5 @@ from mnngpu.backends.opencl.ops import (
     routing,
 )
 
-# The families in order: a later family's row replaces an earlier one's for the same op type.
 FAMILIES = (movement, elementwise, linear, norm, attention, linear_attention, rope, routing)
-EXECUTIONS = {op_type: execution for family in FAMILIES for op_type, execution in family.EXECUTIONS.items()}
+EXECUTIONS = merged_table(FAMILIES)

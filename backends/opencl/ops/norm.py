@@ -14,10 +14,7 @@ ROWS_GROUP = 4  # rows per work-group in norm_rows
 class OpenCLLayerNorm(OpenCLExecution):
     @classmethod
     def pack(cls, backend, node):
-        """Upload gamma and beta once (float32); the small host arrays stay for reference."""
-        node.weights["opencl"] = tuple(None if node.weights.get(name) is None
-                                       else backend.device.constant(np.asarray(node.weights[name], dtype=np.float32))
-                                       for name in ("gamma", "beta"))
+        node.weights["opencl"] = norm.device_weights(node, backend.device.constant)
 
     @classmethod
     def decline(cls, inputs, outputs, node):

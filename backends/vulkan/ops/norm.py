@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from mnngpu.backends.vulkan.ops.base import VulkanExecution
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import norm
@@ -12,11 +10,7 @@ from mnngpu.ops import norm
 class VulkanLayerNorm(VulkanExecution):
     @classmethod
     def pack(cls, backend, node):
-        """gamma and beta on the device; the raw arrays stay for the CPU backup."""
-        node.weights["vulkan_norm"] = tuple(
-            None if node.weights.get(name) is None
-            else backend._constant(np.asarray(node.weights[name], np.float32))
-            for name in ("gamma", "beta"))
+        node.weights["vulkan_norm"] = norm.device_weights(node, backend._constant)
 
     @classmethod
     def decline(cls, inputs, outputs, node):
