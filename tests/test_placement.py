@@ -167,8 +167,8 @@ def test_no_fallback_on_the_full_tables(capsys):
 
 
 def test_vulkan_says_when_it_runs_on_a_cpu_device_or_without_fp16(monkeypatch, recwarn):
-    from mnngpu.backend import interface as backend_module
     from mnngpu.backend import DeviceWarning
+    from mnngpu.backend import interface as backend_module
 
     device = backend_or_skip("vulkan").device
     backend_module._warned.clear()
