@@ -135,6 +135,19 @@ def test_the_imports_of_mnngpu_have_no_circle():
     assert first_cycle(GRAPH) == []
 
 
+LOAD_CHAIN = ("mnngpu.runtime.module", "mnngpu.runtime.pipeline_module", "mnngpu.runtime.static_module",
+              "mnngpu.runtime.session", "mnngpu.runtime.pipeline", "mnngpu.backend")
+
+
+def test_mnns_load_chain_reads_top_down():
+    """Module -> PipelineModule -> StaticModule -> Session -> Pipeline -> Execution: each layer
+    imports the next, and none imports a layer above it."""
+    for upper, lower in zip(LOAD_CHAIN, LOAD_CHAIN[1:]):
+        assert lower in GRAPH[upper], (upper, lower)
+    for position, layer in enumerate(LOAD_CHAIN):
+        assert not GRAPH[layer] & set(LOAD_CHAIN[:position]), layer
+
+
 def test_a_circle_is_found():
     cycle = first_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert cycle[0] == cycle[-1] and sorted(cycle[1:]) == ["a", "b", "c"]

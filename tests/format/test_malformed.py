@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from mnngpu.errors import ModelFormatError, WeightFileError
 from mnngpu.format import parse_net, read_net
+from mnngpu.format.enums import OP_TYPE
 from mnngpu.format.quant import read_linear
 from mnngpu.format.weights import WeightFile
 from mnngpu.ops.norm import read_layernorm
+from mnngpu.runtime.validate import check_graph
 from tests.format import fb_writer as fbw
 from tests.format.format_truth import FIXTURE_NAMES, fixture_dir, needs_fixtures
 
@@ -118,3 +120,14 @@ def test_shared_tables_cannot_blow_up_decoding():
     ops = [fbw.op(b, "ex", 512, 78, extra, [], [0])]  # OpType Extra = 512, OpParameter Extra = 78
     with pytest.raises(ModelFormatError, match="table visits"):
         parse_net(fbw.net(b, ops, ["x"], ["x"]), "dag.mnn")
+
+
+def test_a_strided_slice_without_its_parameter_table_is_named_by_validate():
+    """Found by the flow fuzz (case 1864): the host rule reads the table, so validate insists on it
+    instead of letting an AttributeError escape from the first resize."""
+    b = flatbuffers.Builder(0)
+    strided = next(code for code, name in OP_TYPE.items() if name == "StridedSlice")
+    cut = fbw.op(b, "cut", strided, 0, None, [0, 1, 2, 3], [4])
+    net = parse_net(fbw.net(b, [cut], ["x", "begin", "end", "strides", "y"], ["y"]))
+    with pytest.raises(ModelFormatError, match=r"\(cut\): expected a StridedSliceParam parameter table"):
+        check_graph(net)
