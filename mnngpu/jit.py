@@ -11,12 +11,24 @@ The background process outlives a short run, so the next run finds a warm cache;
 deletes the cached kernels no present install loads (prune_cache). Set
 MNNGPU_BACKGROUND_COMPILE=0 to compile in the foreground instead (benchmarks and tests do).
 
-A CompileNotice (one line: how many kernels, for the first time) says when kernels go to the
-background, as their process starts. A caller that streams a reply can `hold_notices()` and
-say them with `announce()` where they split nothing (the command line does, before its
-"ready" line and between replies).
+One background process at most compiles for a cache folder, however many runs start meanwhile,
+and none starts where the kernels are cached already. A run never hands its jobs to a process:
+it writes them as a batch file in the folder's queue (background-jobs/<install>/), then starts
+a process only if it can take the folder's compile lock (flock on background-compile.lock),
+which it passes on to the process (an inherited file descriptor). A run that finds the lock
+held starts nothing: the live process compiles every batch queued, those written while it
+works included, lets go of the lock, looks at the queue once more (taking the lock again for
+a batch that came in between) and exits. The OS lets go of a flock when its holder dies, so a
+killed process blocks nothing: the next run to look finds the lock free and starts another. A
+run counts a batch done when its file is gone; one that failed or whose process died compiles
+in the run itself, as a failed job did before.
 
-    python -m mnngpu.jit < jobs.pickle      # the background process: compiles, then exits
+A CompileNotice (one line: how many kernels, for the first time) says when kernels go to the
+background, as their batch is queued. It names the first line outside mnngpu that met them. A
+caller that streams a reply can `hold_notices()` and say them with `announce()` where they split
+nothing (the command line does, before its "ready" line and between replies).
+
+    python -m mnngpu.jit      # the background process: compiles the queue, then exits
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib
+import json
 import logging
 import os
 import pickle
@@ -32,9 +45,9 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +57,11 @@ from numba.core.caching import _CacheLocator
 from numba.core.errors import NumbaPerformanceWarning
 
 from mnngpu import mapped_folders
+
+try:
+    import fcntl
+except ImportError:     # not POSIX: no compile lock
+    fcntl = None
 
 log = logging.getLogger("mnngpu.jit")
 
@@ -134,9 +152,13 @@ def _numba_folders(package: Path) -> set[str]:
             if any(name.endswith(".py") for name in files)}
 
 
+def _install_key(package: Path = PACKAGE) -> str:
+    return hashlib.sha1(str(package).encode()).hexdigest()
+
+
 def _register_install() -> None:
     """Record this install's package folder, once; a cache nobody may write to only goes unpruned."""
-    record = _cache_base() / INSTALLS / hashlib.sha1(str(PACKAGE).encode()).hexdigest()
+    record = _cache_base() / INSTALLS / _install_key()
     if record.exists():
         return
     try:
@@ -174,7 +196,7 @@ def prune_cache() -> list[Path]:
         if keep is None:
             dead.append(folder)
         else:
-            dead += [child for child in folder.iterdir() if child.is_dir() and child.name not in keep]
+            dead += [child for child in folder.iterdir() if child.is_dir() and child.name not in keep | {QUEUE}]
     for folder in dead:
         kernels_folder = folder if folder.parent == _cache_base() else folder.parent
         if kernels_folder.name == _KERNELS_FOLDER or not _compiling_in(kernels_folder):
@@ -184,9 +206,7 @@ def prune_cache() -> list[Path]:
 
 def _compiling_in(kernels_folder: Path) -> bool:
     """Whether a background process holds this kernels folder's compile lock now."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return False
     try:
         with open(kernels_folder / BACKGROUND_LOCK, "a") as lock:
@@ -220,6 +240,102 @@ def is_cached(kernel, sig: tuple) -> bool:
 
 
 # ---- the background process ------------------------------------------------------------------
+#
+# One process at a time compiles for a cache folder: the one that holds its compile lock (flock on
+# BACKGROUND_LOCK, which the OS lets go of when the holder dies, however it dies). Runs never wait
+# for it; they leave their jobs in the folder's queue, a file a batch:
+#
+#     <cache folder>/background-jobs/<install>/<time>-<pid>-<n>.jobs    queued
+#                                              ....running              being compiled
+#                                              ....failed               a job failed (the log says why)
+#
+# and only a run that finds the lock free starts a process, handing it the lock it took (an
+# inherited file descriptor), so two runs never start two. The process compiles the batches of
+# its install until none is left (a batch queued meanwhile included), lets go of the lock, looks
+# once more, and exits. A run counts a batch done when its file is gone. Another install of this
+# version (another venv) shares the folder and its lock but not its code: the process hands the
+# lock on to that install's own process for its batches, and exits.
+
+QUEUE = "background-jobs"
+LOCK_FD = "MNNGPU_COMPILE_LOCK_FD"   # the lock a process is started with, inherited from its starter
+CHECK_EVERY = 0.1                    # seconds between a run's looks at its batches (a stand-in asks per call)
+STALE_AFTER = 3600                   # seconds: a dead run's failed batch, or a write cut short, is deleted
+
+
+def _queue(key: str | None = None) -> Path:
+    """The folder of the batches queued by the install `key` (this one by default)."""
+    return cache_dir() / QUEUE / (key or _install_key())
+
+
+def _queued_anywhere() -> bool:
+    return any((cache_dir() / QUEUE).glob("*/*.jobs"))
+
+
+def _batch_state(path: Path) -> str | None:
+    """Where the batch queued as `path` (….jobs) is: ".jobs", ".running", ".failed", or None once done.
+    A batch only moves on (jobs, running, then gone or failed), so looking in that order sees no
+    step it has not taken."""
+    for suffix in (".jobs", ".running", ".failed"):
+        if path.with_suffix(suffix).exists():
+            return suffix
+    return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    part = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    part.write_bytes(data)
+    os.replace(part, path)
+
+
+def _take_lock(wait_s: float = 0.0, fd: int | None = None) -> int | None:
+    """A file descriptor holding this cache folder's compile lock, or None where a live process
+    holds it (after `wait_s` of tries: another run's look at the lock holds it for microseconds).
+    `fd`: the already open lock file to lock again. Without flock (not POSIX): -1, no lock."""
+    if fcntl is None:
+        return -1
+    if fd is None:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        fd = os.open(cache_dir() / BACKGROUND_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        opened = True
+    else:
+        opened = False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                if opened:
+                    os.close(fd)
+                return None
+            time.sleep(0.01)
+
+
+def _let_go(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)      # the last descriptor of the open lock file: the lock goes with it
+
+
+def _start_worker(lock_fd: int, python: str = sys.executable, package: Path = PACKAGE) -> subprocess.Popen:
+    """Start the background process of the install whose package folder is `package`, which takes
+    over the compile lock `lock_fd` (this process lets go of its descriptor, started or not)."""
+    try:
+        # It must import that very package: `-m` puts the current folder first on the path, and from a
+        # folder holding another mnngpu (a checkout) it would compile that one's kernels instead.
+        path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0", "PYTHONPATH": path}
+        env.pop(LOCK_FD, None)
+        if lock_fd >= 0:
+            env[LOCK_FD] = str(lock_fd)
+        with open(_worker_log(), "ab") as log_file:
+            # its own session: a Ctrl-C at the terminal stops the run, not the compile for the next one
+            return subprocess.Popen([python, "-m", "mnngpu.jit"], stdin=subprocess.DEVNULL, cwd=cache_dir(),
+                                    stdout=log_file, stderr=log_file, env=env, start_new_session=True,
+                                    pass_fds=(lock_fd,) if lock_fd >= 0 else ())
+    finally:
+        _let_go(lock_fd)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -244,14 +360,19 @@ class Job:
 
 @dataclass
 class Background:
-    """Jobs queued in this process, and the one background process that runs them in order."""
+    """Jobs queued in this process, and their batches in the cache folder's queue until done."""
     queued: list[Job] = field(default_factory=list)
-    running: tuple | None = None        # (Popen, jobs)
+    batches: dict = field(default_factory=dict)   # path of a batch's .jobs file -> (its jobs, its number)
+    workers: list = field(default_factory=list)   # (process, batches written by its start) this one started
+    drained: int = 0                    # a process this one started has ended, holding the lock after
+                                        # this many batches were written: they were its to take
     finished: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     unannounced: list[Job] = field(default_factory=list)   # submitted, no CompileNotice yet
     announced_any: bool = False
     held: bool = False                  # notices wait for announce()
+    written: int = 0                    # batches this process wrote (their names)
+    next_look: float = 0.0              # time.monotonic() of the next look at the batches
 
     def submit(self, job: Job) -> Job:
         with self.lock:
@@ -266,7 +387,7 @@ class Background:
             self._announce()
 
     def done(self, job: Job, start: bool = True) -> bool:
-        """Whether `job` has run; with `start`, starts the queued jobs when no process is running."""
+        """Whether `job` has run; with `start`, queues the jobs submitted by now for the background."""
         if job in self.finished:
             return True
         with self.lock:
@@ -274,41 +395,135 @@ class Background:
         return job in self.finished
 
     def start_leftovers(self) -> None:
-        """At exit: jobs never started still go to a process of their own, so the next run is warm."""
+        """At exit: jobs never queued still go to the background, and a batch whose process is gone
+        gets one, so the next run is warm. A run that queued nothing touches nothing."""
         with self.lock:
             if self.queued:
-                _start_worker(self.queued)
-                self.queued = []
+                self._queue_batch()
+            if self.batches:
+                self._make_sure_a_worker_runs()
 
     def wait(self) -> None:
         """Block until every job queued so far has run (benchmarks time compiled kernels only)."""
         while True:
             with self.lock:
+                self.next_look = 0.0
                 self._advance()
-                process = self.running[0] if self.running else None
-            if process is None:
-                return
-            process.wait()
+                if not (self.queued or self.batches):
+                    return
+            time.sleep(CHECK_EVERY)
+
+    def pending(self) -> bool:
+        with self.lock:
+            self._advance()
+            return bool(self.queued or self.batches)
 
     def _advance(self, start: bool = True) -> None:
-        if self.running is not None and self.running[0].poll() is not None:
-            process, jobs = self.running
-            if process.returncode != 0:
-                log.warning("background compile exited with %s; compiling in this process (see %s)",
-                            process.returncode, _worker_log())
-            self.finished.update(jobs)
-            self.running = None
-        if start and self.running is None and self.queued:
+        self._reap()
+        if self.batches and time.monotonic() >= self.next_look:
+            self._look()
+        if start and self.queued:
             if not self.held:
                 self._announce()
-            jobs, self.queued = self.queued, []
-            self.running = (_start_worker(jobs), jobs)
+            self._queue_batch()
+            self._make_sure_a_worker_runs()
+
+    def _reap(self) -> None:
+        for process, written in self.workers:
+            if process.poll() is not None:
+                self.drained = max(self.drained, written)
+        self.workers = [(process, written) for process, written in self.workers if process.returncode is None]
+
+    def _queue_batch(self) -> None:
+        jobs, self.queued = self.queued, []
+        queue = _queue()
+        self.written += 1
+        path = queue / f"{time.time_ns():020d}-{os.getpid()}-{self.written}.jobs"
+        try:
+            queue.mkdir(parents=True, exist_ok=True)
+            install = {"python": sys.executable, "package": str(PACKAGE)}
+            _write_atomic(queue / "install.json", json.dumps(install).encode())
+            _write_atomic(path, pickle.dumps(jobs))
+        except OSError as exc:
+            log.warning("cannot queue kernels for the background compile (%s); compiling in this process", exc)
+            self.finished.update(jobs)
+            return
+        self.batches[path] = (jobs, self.written)
+        self.next_look = time.monotonic() + CHECK_EVERY
+
+    def _make_sure_a_worker_runs(self) -> None:
+        """Start a background process unless one holds the lock (it takes what is queued)."""
+        try:
+            lock = _take_lock(wait_s=0.05)
+            if lock is not None:
+                self._hand_over(lock)
+        except OSError as exc:
+            self._give_up(f"cannot start the background compile ({exc})")
+
+    def _hand_over(self, lock: int) -> None:
+        """Holding the lock: start a process with it where anything is queued, else let go."""
+        if _queued_anywhere():
+            self.workers.append((_start_worker(lock), self.written))
+        else:
+            _let_go(lock)
+
+    def _look(self) -> None:
+        """Count the batches that are done. With the lock free: a batch whose process died on it (still
+        running) or one that a process this one started left queued (it failed to start) is given
+        up, to compile in this process; one still queued gets a process."""
+        self.next_look = time.monotonic() + CHECK_EVERY
+        try:
+            lock = _take_lock() if fcntl is not None else None   # taken: no process compiles now
+        except OSError:
+            lock = None
+        if lock is not None:
+            self._reap()     # the processes this one started that held the lock: ended by now
+        try:
+            for path, (jobs, number) in list(self.batches.items()):
+                state = _batch_state(path)
+                if state == ".failed" or state is None:
+                    pass
+                elif lock is None or (state == ".jobs" and number > self.drained):
+                    continue
+                if state is not None:
+                    log.warning("background compile %s; compiling in this process (see %s)",
+                                {".failed": "failed", ".running": "died"}.get(state, "did not start"),
+                                _worker_log())
+                    path.with_suffix(state).unlink(missing_ok=True)
+                self.finished.update(jobs)
+                del self.batches[path]
+        finally:
+            if lock is not None:
+                try:
+                    self._hand_over(lock)
+                except OSError as exc:
+                    self._give_up(f"cannot start the background compile ({exc})")
+
+    def _give_up(self, why: str) -> None:
+        log.warning("%s; compiling in this process", why)
+        for path, (jobs, _) in self.batches.items():
+            path.unlink(missing_ok=True)
+            self.finished.update(jobs)
+        self.batches = {}
 
     def _announce(self) -> None:
         if self.unannounced:
             text = notice_text(self.unannounced, again=self.announced_any)
             self.unannounced, self.announced_any = [], True
-            warnings.warn(text, CompileNotice, stacklevel=2)
+            warnings.warn(text, CompileNotice, stacklevel=_caller_outside_mnngpu())
+
+
+def _caller_outside_mnngpu() -> int:
+    """warnings.warn's stacklevel, from _announce, of the first frame outside this package: the
+    notice names the caller's line that met the new kernels (the command line prints one `note:`
+    line and no source line at all), not a line of this module."""
+    frame, level = sys._getframe(1), 1       # _announce's frame: stacklevel 1
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name != "mnngpu" and not name.startswith("mnngpu."):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def notice_text(jobs: list[Job], again: bool = False) -> str:
@@ -327,23 +542,9 @@ def _worker_log() -> Path:
     return cache_dir() / "background-compile.log"
 
 
-def _start_worker(jobs: list[Job]) -> subprocess.Popen:
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    # It must import this very package: `-m` puts the current folder first on the path, and from a
-    # folder holding another mnngpu (a checkout) it would compile that one's kernels instead.
-    path = os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0", "PYTHONPATH": path}
-    with open(_worker_log(), "ab") as log_file:
-        # its own session: a Ctrl-C at the terminal stops the run, not the compile for the next one
-        process = subprocess.Popen([sys.executable, "-m", "mnngpu.jit"], stdin=subprocess.PIPE, cwd=cache_dir(),
-                                   stdout=log_file, stderr=log_file, env=env, start_new_session=True)
-    process.stdin.write(pickle.dumps(jobs))
-    process.stdin.close()
-    return process
-
-
 BACKGROUND = Background()
 atexit.register(BACKGROUND.start_leftovers)
+
 
 
 # ---- kernels and their numpy twins -----------------------------------------------------------
@@ -464,9 +665,7 @@ def announce() -> None:
 
 def pending() -> bool:
     """Whether any kernel still runs as its twin (a background compile is queued or running)."""
-    with BACKGROUND.lock:
-        BACKGROUND._advance()
-        return bool(BACKGROUND.queued or BACKGROUND.running)
+    return BACKGROUND.pending()
 
 
 def source_key(*modules) -> str:
@@ -478,39 +677,108 @@ def source_key(*modules) -> str:
 
 
 def _work() -> int:
-    jobs: list[Job] = pickle.loads(sys.stdin.buffer.read())
+    """The background process: compile what this install's runs queued, then exit. Started
+    holding the lock (LOCK_FD) or, started by hand, taking it; where another process holds it,
+    that one takes the queue and this one exits at once."""
+    inherited = os.environ.pop(LOCK_FD, None)
+    lock = int(inherited) if inherited else _take_lock()
+    if lock is None:
+        return 0
     failed = 0
-    with _one_compile_at_a_time():
-        for job in jobs:
-            try:
-                job.run()
-            except Exception:  # one failed job leaves the rest to run; the log says why
-                log.exception("background compile of %s.%s failed", job.module, job.name)
-                failed += 1
+    while True:
+        failed += _compile_queue()
         try:
             prune_cache()
-        except Exception:  # housekeeping: the kernels are compiled, so the run still takes them
+        except Exception:  # housekeeping: the kernels are compiled, so the runs still take them
             log.exception("pruning the kernel cache failed")
-    return 1 if failed else 0
+        other = _other_install_waiting()
+        if other is not None:   # another install (same kernels, another venv) queued: its own process
+            try:
+                _start_worker(lock, *other)
+            except OSError:
+                log.exception("starting the background compile of %s failed", other[1])
+            break
+        if lock < 0:
+            break
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        # a batch queued after the last look, by a run that found the lock still held: take it
+        # again, unless a process another run started has it by now
+        if not _queued_anywhere() or _take_lock(wait_s=0.05, fd=lock) is None:
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # At once: the lock is free, and a run may start the next process; no second one lingers
+    # through this interpreter's (numba's) slow teardown.
+    os._exit(1 if failed else 0)
 
 
-@contextmanager
-def _one_compile_at_a_time():
-    """Background processes of one cache folder take turns. A run started while the first run's
-    compile still goes on starts its own for the same kernels; waiting, it then finds them in the
-    cache and only loads them, where compiling alongside would have slowed both runs."""
-    try:
-        import fcntl
-    except ImportError:   # not POSIX: no lock, the processes compile side by side
-        yield
-        return
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / BACKGROUND_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _compile_queue() -> int:
+    """Compile the batches this install queued, the oldest first, until none is left; how many
+    jobs failed."""
+    queue = _queue()
+    _tidy(queue)
+    failed = 0
+    while batches := sorted(queue.glob("*.jobs")):
+        for path in batches:
+            running = path.with_suffix(".running")
+            try:
+                os.replace(path, running)
+            except FileNotFoundError:
+                continue     # without flock, another process took it
+            try:
+                jobs = pickle.loads(running.read_bytes())
+            except Exception:  # an unreadable batch: the run that queued it compiles it itself
+                log.exception("background compile batch %s unreadable", path.name)
+                jobs, bad = [], 1
+            else:
+                bad = 0
+            for job in jobs:
+                try:
+                    job.run()
+                except Exception:  # one failed job leaves the rest to run; the log says why
+                    log.exception("background compile of %s.%s failed", job.module, job.name)
+                    bad += 1
+            if bad:
+                failed += bad
+                os.replace(running, path.with_suffix(".failed"))
+                os.utime(path.with_suffix(".failed"))
+            else:
+                running.unlink()
+    return failed
+
+
+def _tidy(queue: Path) -> None:
+    """Holding the lock: a batch left running was a dead process's (failed, for its run to see);
+    failed batches no run came for and writes cut short go after STALE_AFTER."""
+    for path in queue.glob("*.running") if fcntl is not None else ():
+        os.replace(path, path.with_suffix(".failed"))
+        os.utime(path.with_suffix(".failed"))
+    for path in [*queue.glob("*.failed"), *queue.glob("*.tmp")]:
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if path.stat().st_mtime < time.time() - STALE_AFTER:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _other_install_waiting() -> tuple[str, Path] | None:
+    """(python, package folder) of another install with batches queued in this cache folder; the
+    queues of installs that are gone are deleted on the way."""
+    folder = cache_dir() / QUEUE
+    for queue in folder.iterdir() if folder.is_dir() else ():
+        if queue.name == _install_key() or not any(queue.glob("*.jobs")):
+            continue
+        try:
+            install = json.loads((queue / "install.json").read_text())
+            python, package = install["python"], Path(install["package"])
+        except (OSError, ValueError, KeyError, TypeError):
+            python, package = "", Path()
+        if python and Path(python).is_file() and (package / "jit.py").is_file():
+            return python, package
+        shutil.rmtree(queue, ignore_errors=True)
+    return None
 
 
 if __name__ == "__main__":

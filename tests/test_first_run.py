@@ -94,6 +94,9 @@ def test_a_cache_another_install_filled_adds_no_foreground_compile(tmp_path):
     # still compile this run's own package
     first = _first_run(one, cache, folder=other)
     assert "the tokenizer's" in first["stderr"]         # its tokenizer kernels went to the background
+    assert "note: compiling kernels in the background" in first["stderr"]
+    assert "_announce" not in first["stderr"]            # one line, no source line under it
+    assert len(_background_workers(cache)) <= 1
     assert first["compiled"] == []                      # and every other kernel: none in the foreground
     _wait_for_background(cache)
 

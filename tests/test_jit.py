@@ -468,26 +468,6 @@ def test_a_short_first_run_still_leaves_a_warm_cache(tmp_path):
     assert after["tokens"] == short["tokens"]
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the lock is POSIX flock")
-def test_background_compiles_of_one_cache_take_turns(tmp_path):
-    """A second background process waits while another holds the cache's compile lock."""
-    import fcntl
-    import pickle
-
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), jit.ENV_SWITCH: "0"}
-    folder = tmp_path / jit._KERNELS_FOLDER
-    folder.mkdir()
-    with open(folder / jit.BACKGROUND_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        worker = subprocess.Popen([sys.executable, "-m", "mnngpu.jit"], stdin=subprocess.PIPE, env=env)
-        worker.stdin.write(pickle.dumps([]))
-        worker.stdin.close()
-        with pytest.raises(subprocess.TimeoutExpired):
-            worker.wait(timeout=5)      # held up by the lock (its empty job list takes no time)
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    assert worker.wait(timeout=120) == 0
-
-
 def test_type_key_separates_exactly_what_numba_types_separate():
     """runnable's cache key: two arguments share a key only if numba gives them the same type."""
     base = np.zeros((4, 6), np.float32)
