@@ -6,6 +6,7 @@ template of the fixture's source; a fresh prefill of the same ids.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -157,13 +158,42 @@ def replies(stdout: str) -> list[str]:
 
 
 def test_chat_command_answers_each_turn_and_resets():
+    """Piped (stdin no terminal): stdout holds the replies alone, with no `User: ` prompt among
+    them, and what /reset says goes to stderr, not under the reply's `A: ` label."""
     lines = f"{CHAT_QUESTION}\n/reset\n{CHAT_QUESTION}\n/exit\n"
     done = subprocess.run(chat_command("-n", "8"), input=lines, capture_output=True, text=True, timeout=120,
                           errors="replace", check=False)
     assert done.returncode == 0, done.stderr
     expected = greedy_reply(CHAT_PROMPT, 8)[1]
-    assert replies(done.stdout) == [expected, "reset done.", expected]
+    assert replies(done.stdout) == [expected, expected]
+    assert done.stdout == f"\nA: {expected}\n\nA: {expected}\n"
+    assert "reset done." in done.stderr.splitlines()
     assert "ready: " + MODEL_DIR.name in done.stderr
+
+
+class _Session:
+    def __init__(self):
+        self.resets = 0
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_a_command_answers_on_stderr_without_the_replys_label():
+    """chat_loop as a terminal runs it: the prompt before each line; /reset's answer on stderr."""
+    from mnngpu.apps.commands.chat import USER_PROMPT, chat_loop
+
+    out, err, prompts = io.StringIO(), io.StringIO(), []
+    lines = iter(["/reset", "/exit"])
+    session = _Session()
+
+    def read_line(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(lines)
+
+    assert chat_loop(session, read_line, out, err) == 0
+    assert session.resets == 1 and prompts == [USER_PROMPT, USER_PROMPT] == ["\nUser: "] * 2
+    assert out.getvalue() == "" and err.getvalue() == "reset done.\n"
 
 
 def test_ctrl_c_stops_the_reply_not_the_program():

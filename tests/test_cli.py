@@ -86,7 +86,7 @@ def test_run_reads_config_overrides(capsys):
     (["--config", "no_equals_sign"], "expected KEY=VALUE"),
     (["--backend", "abacus"], "abacus"),
     (["--config", "temperature=-1", "--sampler", "temperature"], "temperature"),
-    (["--speculative", "mtp"], "'mtp' needs mtp.mnn (mtp_model) in the model folder"),
+    (["--config", "speculative_type=mtp"], "'mtp' needs mtp.mnn (mtp_model) in the model folder"),
     (["--speculative", "eagle"], "'eagle' needs eagle.mnn (eagle_model) in the model folder"),
 ])
 def test_run_reports_a_bad_setting_in_one_line(capsys, args, message):
@@ -94,6 +94,42 @@ def test_run_reports_a_bad_setting_in_one_line(capsys, args, message):
     err = capsys.readouterr().err
     assert code == 2 and message in err
     assert [line for line in err.splitlines() if line.startswith("error: ")] == err.strip().splitlines()[-1:]
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_speculative_offers_only_the_strategies_mnngpu_runs(capsys, command):
+    """mtp and dflash are refused at load (generation/factory.py), so the flag does not offer them;
+    set through --config they still get the load's one-line refusal (above)."""
+    from mnngpu.generation.factory import SPECULATIVE_CHOICES
+
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    flag = next(action for action in parser._actions if "--speculative" in action.option_strings)
+    assert tuple(flag.choices) == ("lookahead", "eagle") and set(flag.choices) <= set(SPECULATIVE_CHOICES)
+    for refused in ("mtp", "dflash"):
+        assert main([command, str(MODEL_DIR), "--speculative", refused]) == 2
+        err = capsys.readouterr().err
+        assert f"invalid choice: '{refused}'" in err and err.count("\n") == 1
+
+
+def test_serve_help_says_requests_wait_for_a_slot_not_behind_one_running_request():
+    from mnngpu.generation.batch import DEFAULT_SLOTS
+
+    parser = build_parser()._subparsers._group_actions[0].choices["serve"]
+    helps = {action.dest: action.help for action in parser._actions}
+    assert "wait for a slot" in helps["max_queue"] and "running one" not in helps["max_queue"]
+    assert f"default: {DEFAULT_SLOTS} where the model and backend batch" in helps["parallel"]
+
+
+def test_serve_without_its_extra_names_every_package_the_extra_installs(capsys, monkeypatch):
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    packages = [re.split(r"[<>=\[ ]", spec)[0] for spec in pyproject["project"]["optional-dependencies"]["serve"]]
+    monkeypatch.setitem(sys.modules, "uvicorn", None)   # `import uvicorn` fails, as without mnngpu[serve]
+    assert main(["serve", str(MODEL_DIR)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "(uvicorn is missing)" in err
+    assert all(package in err for package in packages) and "pip install 'mnngpu[serve]'" in err
 
 
 def test_without_a_model_folder_run_uses_the_bundled_demo_model(capsys):

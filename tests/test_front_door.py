@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,3 +152,59 @@ def test_chat_says_a_notice_after_the_reply_it_arrived_in():
     assert kinds.count("note") == 1 and kinds.index("note") == reply_end + 1, events
     assert "".join(text for kind, text in events[:reply_end + 1] if kind == "out") == "\nA: Once upon\n"
     assert events[reply_end + 1][1].startswith("compiling kernels in the background: 1 ")
+
+
+# ---- what the README and docs/server.md tell a new user ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def doc_section(doc: str, title: str) -> str:
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def server_routes() -> list[str]:
+    """`METHOD /path` of every route the server's app answers, a path parameter written {id}."""
+    pytest.importorskip("starlette")
+    from mnngpu.apps.server.app import create_app
+    from mnngpu.apps.server.engine import ModelSlot
+
+    app = create_app(ModelSlot()).app   # inside the access log
+    return [f"{method} {re.sub(r'{[^}]*}', '{id}', route.path)}" for route in app.routes
+            for method in sorted(route.methods - {"HEAD"})]
+
+
+def test_the_readme_and_the_server_docs_name_every_route_the_server_answers():
+    routes = server_routes()
+    assert {"GET /health", "GET /metrics", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info"} <= set(routes)
+    for doc, text in (("README.md", doc_section("README.md", "Server")),
+                      ("docs/server.md", doc_section("docs/server.md", "Endpoints"))):
+        assert [route for route in routes if f"`{route}`" not in text] == [], doc
+
+
+def test_the_readme_says_the_server_generates_several_replies_at_once():
+    from mnngpu.generation.batch import DEFAULT_SLOTS
+
+    server = " ".join(doc_section("README.md", "Server").split())
+    assert "one request at a time" not in server
+    assert f"up to {DEFAULT_SLOTS} replies at once (`--parallel` slots" in server and "continuous batching" in server
+
+
+def test_the_quick_starts_vulkan_lines_name_the_extra_they_need():
+    quick = doc_section("README.md", "Quick start")
+    block = quick.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].split()[:2] for line in block.splitlines() if "vulkan" in line] == [
+        ["mnngpu", "inspect"], ["mnngpu", "diff"]]
+    after = " ".join(quick.split("```", 2)[2].split())
+    assert after.startswith("The last two run the model on Vulkan, so they need the `[vulkan]` extra "
+                            "(`pip install 'mnngpu[vulkan]'`)")
+
+
+def test_the_server_docs_say_the_n_choices_run_in_slots_of_their_own_seeded_seed_plus_index():
+    text = (ROOT / "docs" / "server.md").read_text(encoding="utf-8")
+    prose = text.split("<!-- request-fields:start -->", 1)[0] + text.split("<!-- request-fields:end -->", 1)[1]
+    prose = " ".join(prose.split())
+    assert "one random stream" not in prose and "generated one after another" not in prose
+    assert "the choice whose `index` is `i` is seeded `seed + i`" in prose
+    assert "`n` choices, each in a slot of its own" in prose

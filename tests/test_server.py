@@ -6,10 +6,13 @@ chat template of its source for the usage counts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
+
+from starlette.testclient import TestClient
 
 from mnngpu.apps.server.app import create_app
 from mnngpu.apps.server.engine import ServedModel
@@ -34,6 +39,11 @@ from tests.serving import WAIT_S, ServeProcess, openai_client, running
 MAX_BODY = 4096
 CHAT = {"messages": [{"role": "user", "content": CHAT_QUESTION}], "max_tokens": 8, "temperature": 0}
 COMPLETION = {"prompt": RAW_PROMPT, "max_tokens": 8, "temperature": 0}
+JSON = {"content-type": "application/json"}
+MAX_DEPTH = 100   # docs/server.md: the deepest a body may nest arrays and objects, the body being level 1
+# every route, as docs/server.md's table of endpoints lists them
+ROUTES = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model_id}",
+          "GET /health", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info", "GET /metrics"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +51,42 @@ def server():
     served = ServedModel(load_model(), "fixture-model")
     with running(create_app(served, max_body_bytes=MAX_BODY)) as client:
         yield client, served
+
+
+@pytest.fixture(scope="module")
+def in_process(server):
+    """The same model, in process, with the default body limit (1 MiB: a body nested 1,000 objects deep
+    is 6 KB) and raising any exception that gets past the app's error handlers, the exceptions uvicorn
+    logs with a traceback. Never entered, so its lifespan does not close the model the server shares."""
+    _, served = server
+    return TestClient(create_app(served), raise_server_exceptions=True)
+
+
+@contextlib.contextmanager
+def server_log() -> Iterator[list[logging.LogRecord]]:
+    """The records the app's error logger writes in the block (whatever a test before set its level or
+    handlers to)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("mnngpu.server")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def nested(levels: int, opener: str = "[", closer: str = "]") -> str:
+    """JSON text of a value `levels` arrays (or objects) deep; json.dumps would overflow the stack."""
+    return opener * levels + "1" + closer * levels
+
+
+def with_field(body: dict, name: str, value_json: str) -> bytes:
+    return (json.dumps(body)[:-1] + f', "{name}": {value_json}}}').encode()
 
 
 def expected_chat(max_tokens: int = 8) -> tuple[list[int], str]:
@@ -178,10 +224,56 @@ def test_a_malformed_body_gets_400_with_an_openai_error(server, path, body, para
     assert error["type"] == "invalid_request_error"
 
 
-def test_unknown_routes_and_methods_get_openai_errors(server):
+@pytest.mark.parametrize(("path", "field"), [("/v1/chat/completions", "messages"), ("/v1/completions", "prompt"),
+                                           ("/tokenize", "prompt"), ("/detokenize", "tokens")])
+@pytest.mark.parametrize(("opener", "closer"), [("[", "]"), ('{"a": ', "}")], ids=["arrays", "objects"])
+def test_a_body_nested_1000_levels_deep_gets_400_and_no_traceback(in_process, path, field, opener, closer):
+    body = f'{{"{field}": {nested(1000, opener, closer)}}}'.encode()   # 2 KB of `[`, or 6 KB of objects
+    with server_log() as records:
+        response = in_process.post(path, content=body, headers=JSON)
+    error = assert_openai_error(response, 400)
+    assert error == {"message": f"the body nests arrays and objects more than {MAX_DEPTH} levels deep",
+                     "type": "invalid_request_error", "param": None, "code": "nested_too_deep"}
+    assert [(r.levelno, r.exc_info) for r in records] == [(logging.WARNING, None)]   # one line, no traceback
+
+
+def test_a_body_may_nest_100_levels_and_no_more(server):
     client, _ = server
-    assert_openai_error(client.get("/v1/nothing"), 404)
-    assert_openai_error(client.get("/v1/completions"), 405)
+    reply = {**CHAT, "max_tokens": 1}   # metadata is inert: only its depth can refuse the body
+    ok = client.post("/v1/chat/completions", content=with_field(reply, "metadata", nested(MAX_DEPTH - 1)),
+                     headers=JSON)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length", ok.text
+    deep = client.post("/v1/chat/completions", content=with_field(reply, "metadata", nested(MAX_DEPTH)),
+                       headers=JSON)
+    assert assert_openai_error(deep, 400)["code"] == "nested_too_deep"
+
+
+def test_a_json_schema_nested_48_objects_deep_fits_under_the_depth_limit(in_process):
+    pytest.importorskip("llguidance")
+    schema = {"type": "string"}
+    for _ in range(48):   # levels 4 to 100 of the body: each object is a schema and its `properties`
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}
+    response_format = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+    response = in_process.post("/v1/chat/completions", json={**CHAT, "response_format": response_format})
+    assert response.status_code == 200, response.text
+    content = re.sub(r"\s", "", response.json()["choices"][0]["message"]["content"])
+    assert content and ('{"a":' * 48).startswith(content)   # the reply follows the schema as far as it got
+
+
+def test_an_unknown_path_gets_a_404_naming_it_and_the_routes(server):
+    client, _ = server
+    for method, path in [("GET", "/v1/nothing"), ("POST", "/v1/embeddings")]:
+        error = assert_openai_error(client.request(method, path), 404)
+        assert error["type"] == "not_found_error" and error["code"] == "unknown_route"
+        assert error["message"].startswith(f"no route {method} {path}; this server has "), error
+        assert error["message"].endswith(", ".join(ROUTES)), error
+
+
+def test_a_known_path_with_another_method_gets_a_405_with_allow(server):
+    client, _ = server
+    response = client.get("/v1/completions")
+    assert assert_openai_error(response, 405)["type"] == "invalid_request_error"
+    assert response.headers["allow"] == "POST"
 
 
 def test_a_stop_string_ends_the_reply_before_it(server):

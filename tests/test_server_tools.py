@@ -96,6 +96,7 @@ def test_a_template_that_renders_no_tools_refuses_them():
     client = TestClient(create_app(ServedModel(load_model(), "m")))   # the fixture's template has no `tools`
     response = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS})
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+    assert "jinja.chat_template" in response.json()["error"]["message"]   # it says how to give one that does
     plain = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none",
                                                       "max_tokens": 2})
     assert plain.status_code == 200

@@ -10,6 +10,7 @@ the attention reshapes), from llm_config.json otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,7 @@ from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
 from mnngpu.ops import op_table
+from mnngpu.ops.routing import SPARSE_MOE
 from mnngpu.runtime.moe import moe_param
 
 
@@ -98,9 +100,10 @@ def _linears(net: Net, weights: WeightFile | None) -> list[QuantizedLinear]:
 
 
 def moe_facts(net: Net, weight_bytes: int) -> dict[str, Any] | None:
-    """A MoE export's experts: how many run per token, and the weight bytes a decode step reads
-    where only those run (the CPU's sparse node) against the file, which the dense path reads
-    whole. None for a model without MoE ops."""
+    """A MoE export's experts: how many run per token, the weight bytes a decode step reads where
+    only those run, and the backends that run only those (their op table has the sparse node,
+    SPARSE_MOE) and those that run every expert, reading the file whole. None for a model without
+    MoE ops."""
     moe_ops = [(position, op) for position, op in enumerate(net.ops) if op.type == "MoE"]
     if not moe_ops:
         return None
@@ -113,8 +116,11 @@ def moe_facts(net: Net, weight_bytes: int) -> dict[str, Any] | None:
         expert_bytes += layer
         chosen_bytes += layer * param.top_k / param.num_experts
     first = params[0]
+    tables = {backend: table for backend, table in registry.backend_op_tables().items() if table is not None}
     return {"layers": len(params), "num_experts": first.num_experts, "top_k": first.top_k,
-            "expert_bytes": int(expert_bytes), "bytes_per_token": int(weight_bytes - expert_bytes + chosen_bytes)}
+            "expert_bytes": int(expert_bytes), "bytes_per_token": int(weight_bytes - expert_bytes + chosen_bytes),
+            "sparse_backends": [backend for backend, table in tables.items() if SPARSE_MOE in table],
+            "dense_backends": [backend for backend, table in tables.items() if SPARSE_MOE not in table]}
 
 
 def _stored_bytes(op: Op) -> int:
@@ -254,7 +260,9 @@ def op_support(net: Net) -> dict[str, Any]:
     """Which backends run each op type of the graph (subgraphs included), by op type alone (an op
     the loader rewrites, MoE, by the node type that runs it):
     from the op table, before any load. A backend lacking an op the CPU runs falls back to the
-    CPU for it; `inspect --backend` shows the per-node placement of a real load."""
+    CPU for it; `inspect --backend` shows the per-node placement of a real load. A backend whose
+    Python package is not installed here (its module cannot load, or its driver binding, which it
+    imports only when it starts, is missing) is not available: `missing` names the package."""
     counts = Counter(op.type for graph in [net, *net.subgraphs] for op in graph.ops
                      if op.type not in op_table.SOURCES)
     tables = registry.backend_op_tables()
@@ -267,13 +275,34 @@ def op_support(net: Net) -> dict[str, Any]:
     cpu = tables.get("cpu") or frozenset()
     backends = {}
     for backend_type, table in tables.items():
-        if table is None:
-            backends[backend_type] = {"available": False, "cpu_fallback": [], "unsupported": unsupported}
+        missing = missing_package(backend_type)
+        if table is None or missing is not None:
+            backends[backend_type] = {"available": False, "missing": missing or DRIVER_PACKAGES.get(backend_type),
+                                      "cpu_fallback": [], "unsupported": unsupported}
             continue
         fallback = [name for name, op in ops.items()
                     if name in known and not op["host"] and runs_as[name] not in table and runs_as[name] in cpu]
-        backends[backend_type] = {"available": True, "cpu_fallback": fallback, "unsupported": unsupported}
+        backends[backend_type] = {"available": True, "missing": None, "cpu_fallback": fallback,
+                                  "unsupported": unsupported}
     return {"all_supported": not unsupported, "unsupported": unsupported, "ops": ops, "backends": backends}
+
+
+# The Python package each device backend drives its device through (pyproject.toml's extra of the
+# backend's name installs it). The Vulkan and CUDA backends import theirs only when they start, so
+# their op tables load without it: inspect asks for the package itself.
+DRIVER_PACKAGES = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
+
+
+def missing_package(backend_type: str) -> str | None:
+    """The package `backend_type` needs that is not installed here, or None."""
+    package = DRIVER_PACKAGES.get(backend_type)
+    if package is None:
+        return None
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else package
 
 
 # --- quantization ----------------------------------------------------------------------
@@ -367,7 +396,8 @@ def _support_rows(family: dict[str, Any], support: dict[str, Any]) -> list[tuple
         rows.append(("ops", f"NOT SUPPORTED by any backend: {names}"))
     for backend_type, facts in support["backends"].items():
         if not facts["available"]:
-            line = "not installed here"
+            needs = f"{facts['missing']} is" if facts.get("missing") else "its package is"
+            line = f"unavailable: {needs} not installed here (pip install 'mnngpu[{backend_type}]')"
         elif facts["unsupported"]:
             line = "cannot run this graph"
         elif facts["cpu_fallback"]:
@@ -413,10 +443,25 @@ def _model_line(model: dict[str, Any]) -> str:
     return line + f"; embeddings: {model['embeddings']}"
 
 
+BACKEND_NAMES = {"cpu": "the CPU", "opencl": "OpenCL", "vulkan": "Vulkan", "cuda": "CUDA"}
+
+
 def _moe_line(moe: dict[str, Any], weight_bytes: int) -> str:
-    return (f"{moe['top_k']} of {moe['num_experts']} run per token in {moe['layers']} MoE layers; a decode step "
-            f"reads {_size(moe['bytes_per_token'])} of the {_size(weight_bytes)} file on the CPU (only the chosen "
-            f"experts), the whole file on OpenCL, Vulkan and CUDA (every expert runs)")
+    line = f"{moe['top_k']} of {moe['num_experts']} run per token in {moe['layers']} MoE layers"
+    sparse, dense = (_backend_names(moe.get(key, [])) for key in ("sparse_backends", "dense_backends"))
+    reads = []
+    if sparse:
+        reads.append(f"{_size(moe['bytes_per_token'])} of the {_size(weight_bytes)} file on {sparse} "
+                     "(only the chosen experts)")
+    if dense:
+        reads.append(f"the whole file on {dense} (every expert runs)")
+    return line + (f"; a decode step reads {', '.join(reads)}" if reads else "")
+
+
+def _backend_names(backends: list[str]) -> str:
+    """`the CPU, OpenCL and Vulkan`; "" for none."""
+    names = [BACKEND_NAMES.get(backend, backend) for backend in backends]
+    return " and ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))
 
 
 def _size(n_bytes: int) -> str:

@@ -42,8 +42,8 @@ def create_strategy(config: LlmConfig, graph_outputs: list[str], embedding=None,
         _check_draft_modules(config, kind, graph_outputs)
         if kind == "eagle":
             return _eagle(config, embedding, placements)
-        raise ConfigError(f"'{kind}' drafts are not run by mnngpu yet (only lookahead); remove the key for "
-                          "plain decoding", path=config.origin("speculative_type"), field="speculative_type")
+        raise ConfigError(f"'{kind}' drafts are not run by mnngpu yet (it runs lookahead and eagle); remove the "
+                          "key for plain decoding", path=config.origin("speculative_type"), field="speculative_type")
     raise ConfigError(f"'{kind}' is not a strategy MNN's engine has; expected one of "
                       f"{list(SPECULATIVE_CHOICES)}", path=config.origin("speculative_type"),
                       field="speculative_type")

@@ -9,17 +9,20 @@ hidden rows and returning (seq, H). MNN's runtime reads the selected ids on the 
 only those experts. Here the experts' ops are inlined into the main graph instead, and the MoE
 op becomes a chain of EXPERT_ADD nodes: acc += w_e * expert_e(hidden), where w_e is the
 routing weight of expert e for each token (zero where the router did not select e). Every
-shape is fixed, so a device backend replays the same commands every token with the routing
-staying on the device; the price is that every expert runs on every token (num_experts/top_k
-times the expert work of a sparse run).
+shape is fixed, so a device backend replays the same commands every token; the price of this
+dense form is that every expert runs on every token (num_experts/top_k times the expert work of
+a sparse run). It is what runs on a backend whose op table lacks SPARSE_MOE (CUDA, which also
+runs the router's ops and EXPERT_ADD on the CPU backup), and for a MoE op whose experts have
+another form than the one below.
 
-`sparse_experts` (called by runtime/fusion.py for a backend that lists SPARSE_MOE) replaces one
-MoE op's inlined experts and EXPERT_ADD chain by a single SPARSE_MOE node when every expert has
-the exporter's SwiGLU form: one gate_up Convolution, its output cut into two halves, SiLU of the
-gate half times the up half, one down Convolution (views between them). The node keeps each
-expert's two Convolution nodes (`members`, packed by the backend at load) and which half is the
-gate, read from the slices' own bounds. A MoE op whose experts have another form stays dense,
-said in one warning line.
+`sparse_experts` (called by runtime/fusion.py for a backend that lists SPARSE_MOE: the CPU,
+OpenCL and Vulkan; on the last two the routing stays on the device) replaces one MoE op's
+inlined experts and EXPERT_ADD chain by a single SPARSE_MOE node, which runs only the chosen
+experts, when every expert has the exporter's SwiGLU form: one gate_up Convolution, its output
+cut into two halves, SiLU of the gate half times the up half, one down Convolution (views
+between them). The node keeps each expert's two Convolution nodes (`members`, packed by the
+backend at load) and which half is the gate, read from the slices' own bounds. A MoE op whose
+experts have another form stays dense, said in one warning line.
 """
 
 from __future__ import annotations

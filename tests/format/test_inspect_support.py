@@ -4,7 +4,9 @@ hand-built graphs with an op no backend runs, an unknown family and no family at
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections import Counter
 
 import flatbuffers
@@ -17,10 +19,18 @@ from mnngpu.config import LlmConfig
 from mnngpu.errors import BackendUnavailableError, ConfigError
 from mnngpu.format.enums import OP_TYPE
 from mnngpu.ops import op_table
+from mnngpu.ops.routing import SPARSE_MOE
 from tests.format import fb_writer as fbw
 from tests.format.format_truth import FIXTURE_NAMES, family, fixture_dir, hf_config, needs_fixtures, reference
 
 TYPE_CODE = {name: code for code, name in OP_TYPE.items()}
+# The package each device backend drives its device through, as pyproject.toml's extras install them.
+DRIVER_PACKAGES = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
+
+
+def installed(backend_type: str) -> bool:
+    package = DRIVER_PACKAGES.get(backend_type)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def executions(backend_type: str) -> set[str] | None:
@@ -47,8 +57,8 @@ def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name
         assert facts["host"] == (op in ("Shape", "Rank", "Size")), op
     for backend_type, facts in support["backends"].items():
         table = executions(backend_type)
-        assert facts["available"] == (table is not None)
-        if table is not None:
+        assert facts["available"] == (table is not None and installed(backend_type))
+        if facts["available"]:
             cpu = executions("cpu")
             runs = {op: op_table.OPS[op].runs_as or op for op in want}
             assert facts["cpu_fallback"] == [op for op in want if runs[op] in cpu and runs[op] not in table
@@ -117,6 +127,39 @@ def test_a_backend_lacking_an_op_is_shown_falling_back_to_the_cpu(monkeypatch):
     assert "opencl" not in info["support"]["ops"]["LayerNorm"]["backends"]
     text = format_inspect_table(info)
     assert "falls back to the CPU for LayerNorm" in text and "not installed here" in text
+
+
+@needs_fixtures
+@pytest.mark.parametrize(("backend_type", "package"), sorted(DRIVER_PACKAGES.items()))
+def test_a_backend_whose_package_is_missing_is_unavailable_not_said_to_run_every_op(monkeypatch, backend_type,
+                                                                                     package):
+    """Vulkan's and CUDA's op tables load without their package (they import it when they start),
+    so a table alone does not make a backend available: without cupy, cuda is unavailable."""
+    monkeypatch.setitem(sys.modules, package, None)   # `import cupy` fails, as without mnngpu[cuda]
+    info = inspect_model(fixture_dir(FIXTURE_NAMES[0]))
+    facts = info["support"]["backends"][backend_type]
+    assert not facts["available"] and facts["missing"] == package and facts["cpu_fallback"] == []
+    assert all(other["available"] == installed(name)
+               for name, other in info["support"]["backends"].items() if name != backend_type)
+    row = next(line for line in format_inspect_table(info).splitlines() if line.split()[0] == backend_type)
+    assert row.split(None, 1)[1] == (f"unavailable: {package} is not installed here "
+                                     f"(pip install 'mnngpu[{backend_type}]')")
+
+
+@needs_fixtures
+def test_the_moe_line_says_which_backends_run_only_the_chosen_experts():
+    """The CPU, OpenCL and Vulkan run a MoE layer's chosen experts alone (their op tables have
+    SPARSE_MOE); CUDA's has no routing kernels, so every expert runs there."""
+    info = inspect_model(fixture_dir("qwen3_moe_int4_b64"))
+    tables = {name: table for name, table in registry.backend_op_tables().items() if table is not None}
+    sparse = [name for name, table in tables.items() if SPARSE_MOE in table]
+    assert info["moe"]["sparse_backends"] == sparse and {"cpu", "vulkan"} <= set(sparse)
+    assert info["moe"]["dense_backends"] == [name for name in tables if name not in sparse] == ["cuda"]
+    line = next(line for line in format_inspect_table(info).splitlines() if line.startswith("experts"))
+    chosen, _, whole = line.partition(" (only the chosen experts), ")
+    names = {"cpu": "the CPU", "opencl": "OpenCL", "vulkan": "Vulkan"}
+    assert all(names[name] in chosen for name in sparse) and "CUDA" not in chosen
+    assert whole == "the whole file on CUDA (every expert runs)"
 
 
 def test_a_config_value_load_rejects_is_listed_by_inspect_not_raised(tmp_path, capsys):

@@ -9,6 +9,9 @@ Each case is a body the test builds knowing what it should get:
     either  a body whose fate depends on a library's reading (a regex, a JSON schema, tools for a
             template that may not render them): 200, or a 4xx naming the field
     not JSON an object-less body (bytes, cut JSON, a JSON array ...): 400
+    too deep a body with one field nested deeper than docs/server.md's limit (up to 3,000 levels,
+            past Python's recursion limit): 400 `nested_too_deep`; within the limit, a body nested
+            as deep gets 200 or an error naming the field, never the depth error
 
 and no request ever gets a 500. The rules here are written from OpenAI's API reference and the
 limits docs/server.md states; only which fields are refused is read from the server's table of
@@ -21,11 +24,12 @@ from __future__ import annotations
 import json
 import math
 import string
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("starlette")
@@ -39,9 +43,10 @@ from mnngpu.apps.server.fields import CHAT, COMPLETIONS, FIELDS, REFUSED
 from mnngpu.demo import demo_model_dir
 
 # Requests per test; together at least 5,000.
-EXAMPLES = {"chat": 1700, "completions": 1700, "tokenize": 700, "detokenize": 500, "not_json": 500}
+EXAMPLES = {"chat": 1700, "completions": 1700, "tokenize": 700, "detokenize": 500, "not_json": 500, "nested": 300}
 NEW_TOKENS = st.integers(1, 2)   # what valid requests generate at most, so the run stays short
 MAX_STOP, MAX_TOP_LOGPROBS, MAX_CHOICES = 4, 20, 128
+MAX_DEPTH = 100   # the deepest a body may nest arrays and objects, the body itself being level 1
 ROLES = ("system", "developer", "user", "assistant")
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs")
 FUZZ_SETTINGS = settings(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -52,7 +57,7 @@ FUZZ_SETTINGS = settings(derandomize=True, database=None, deadline=None, print_b
 @dataclass(frozen=True)
 class Case:
     body: Any                   # what is sent as JSON; bytes are sent as they are
-    expect: str                 # "valid", "bad", "either" or "not_json"
+    expect: str                 # "valid", "bad", "either", "not_json" or "too_deep"
     param: str | None = None    # bad and either: the field the error must name (or a part of it)
 
     def raw(self) -> bytes:
@@ -424,6 +429,52 @@ def _decodes_to_object(raw: bytes) -> bool:
         return False
 
 
+# a valid body of each endpoint, for a nested field to join, and the fields worth nesting in it
+VALID = {"chat": valid_chat, "completions": valid_completion,
+         "tokenize": lambda vocab: st.fixed_dictionaries({"prompt": WORDS}),
+         "detokenize": lambda vocab: st.fixed_dictionaries({"tokens": st.lists(st.integers(0, vocab - 1),
+                                                                               max_size=8)})}
+NESTED_FIELDS = {"chat": ["messages", "metadata", "tools", "response_format", "logit_bias", "stop"],
+                 "completions": ["prompt", "logit_bias", "stop", "user"], "tokenize": ["prompt"],
+                 "detokenize": ["tokens"]}
+OPENERS = {"[": "]", '{"k": ': "}", '{"type": "object", "properties": ': "}", "[1, ": "]"}
+
+
+@st.composite
+def nested_cases(draw, vocab: int) -> tuple[str, Case]:
+    """An endpoint, and a valid body of it with one field nested `depth` levels deep (the body is level
+    1). The body is sent as text, built a level pattern at a time, so that no depth is too deep for
+    the test's own json.dumps."""
+    endpoint = draw(st.sampled_from(sorted(NESTED_FIELDS)))
+    depth = draw(st.integers(MAX_DEPTH - 3, MAX_DEPTH + 3) | st.integers(2, MAX_DEPTH)
+                 | st.integers(MAX_DEPTH + 1, 3000))
+    unknown = NAMES.filter(lambda n: n not in FIELDS and n not in TOKENIZE_FIELDS and n != "tokens")
+    name = draw(st.sampled_from(NESTED_FIELDS[endpoint]) | unknown)
+    pattern = draw(st.lists(st.sampled_from(sorted(OPENERS)), min_size=1, max_size=4))
+    opens = (pattern * depth)[:depth - 1]
+    inner = json.dumps(draw(st.none() | st.booleans() | st.integers() | TEXT))
+    nested = "".join(opens) + inner + "".join(OPENERS[o] for o in reversed(opens))
+    body = {key: value for key, value in draw(VALID[endpoint](vocab)).items() if key != name}
+    raw = json.dumps(body)[:-1] + (", " if body else "") + f"{json.dumps(name)}: {nested}}}"
+    return endpoint, Case(raw.encode(), "too_deep" if depth > MAX_DEPTH else "either", name)
+
+
+def at_the_limit(endpoint: str, body: dict, name: str, depth: int) -> tuple[str, Case]:
+    """`body` with `name` nested in arrays to `depth` levels: the cases either side of the limit, sent
+    whatever the draws are (which cases hypothesis draws shifts with the modules loaded beside this one)."""
+    nested = "[" * (depth - 1) + "1" + "]" * (depth - 1)
+    raw = json.dumps(body)[:-1] + f', "{name}": {nested}}}'
+    return endpoint, Case(raw.encode(), "too_deep" if depth > MAX_DEPTH else "either", name)
+
+
+LIMIT_CASES = [at_the_limit(endpoint, body, name, depth) for depth in (MAX_DEPTH, MAX_DEPTH + 1)
+               for endpoint, body, name in [
+                   ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, "metadata"),
+                   ("completions", {"prompt": "hi", "max_tokens": 1}, "user"),
+                   ("tokenize", {"add_special_tokens": True}, "prompt"),
+                   ("detokenize", {"model": "demo"}, "tokens")]]
+
+
 # ---- the check -------------------------------------------------------------------------------------
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "tokenize": "/tokenize",
@@ -444,23 +495,27 @@ def names(param: str | None, field: str) -> bool:
     return param is not None and (param == field or param.startswith((f"{field}.", f"{field}[")))
 
 
-def check(client: TestClient, endpoint: str, case: Case) -> None:
+def check(client: TestClient, endpoint: str, case: Case) -> int:
+    """Send `case`, check its response, and return the status."""
     response = client.post(PATHS[endpoint], content=case.raw(), headers={"content-type": "application/json"})
     status = response.status_code
     assert status != 500, f"{case}: {response.text}"
     if case.expect == "valid" or (case.expect == "either" and status == 200):
         assert status == 200, f"{case}: {response.text}"
-        check_reply(endpoint, case.body, response)
-        return
+        check_reply(endpoint, json.loads(case.body) if isinstance(case.body, bytes) else case.body, response)
+        return status
     assert status in (400, 422), f"{case}: {status} {response.text}"
     error = response.json()["error"]
     assert error["message"] and error["type"] == "invalid_request_error", f"{case}: {error}"
     if case.expect == "not_json":
         assert error["param"] is None, f"{case}: {error}"
+    elif case.expect == "too_deep":
+        assert status == 400 and error["code"] == "nested_too_deep" and error["param"] is None, f"{case}: {error}"
     elif case.expect == "either" and case.param == "tool":
         assert names(error["param"], "tools") or names(error["param"], "tool_choice"), f"{case}: {error}"
     else:
         assert names(error["param"], case.param), f"{case}: expected param {case.param!r}: {error}"
+    return status
 
 
 def check_reply(endpoint: str, body: dict, response) -> None:
@@ -483,19 +538,31 @@ def check_reply(endpoint: str, body: dict, response) -> None:
     assert all(c["finish_reason"] in ("stop", "length", "tool_calls") for c in choices), choices
 
 
+# each fuzz test's responses, counted by status as they come back: the last test adds them up
+RESPONSES: dict[str, Counter] = {}
+
+
 def run_fuzz(server, endpoint: str, cases) -> None:
     client, vocab = server
     sent = []
+    statuses = RESPONSES[endpoint] = Counter()
 
     @settings(FUZZ_SETTINGS, max_examples=EXAMPLES[endpoint])
     @given(case=cases(vocab))
     def fuzz(case):
         sent.append(case.expect)
-        check(client, endpoint, case)
+        statuses[check(client, endpoint, case)] += 1
 
     fuzz()
-    assert len(sent) >= EXAMPLES[endpoint]
     assert {"valid", "bad"} <= set(sent)   # both kinds were tried, so neither check passes by being skipped
+    assert_answered(statuses, EXAMPLES[endpoint], {200, 400})
+
+
+def assert_answered(statuses: Counter, at_least: int, seen: set[int]) -> None:
+    """At least `at_least` responses came back, each with a status the cases allow, and each of `seen`
+    among them."""
+    assert sum(statuses.values()) >= at_least, statuses
+    assert set(statuses) <= {200, 400, 422} and seen <= set(statuses), statuses
 
 
 def test_chat_completion_bodies(server):
@@ -517,16 +584,51 @@ def test_detokenize_bodies(server):
 def test_bodies_that_are_not_json_objects(server):
     client, _ = server
     sent = []
+    statuses = RESPONSES["not_json"] = Counter()
 
     @settings(FUZZ_SETTINGS, max_examples=EXAMPLES["not_json"])
     @given(endpoint=st.sampled_from(sorted(PATHS)), raw=not_json_bodies())
     def fuzz(endpoint, raw):
         sent.append(raw)
-        check(client, endpoint, Case(raw, "not_json"))
+        statuses[check(client, endpoint, Case(raw, "not_json"))] += 1
 
     fuzz()
     assert len(sent) >= EXAMPLES["not_json"]
+    assert_answered(statuses, EXAMPLES["not_json"], {400})
 
 
-def test_the_fuzz_sends_at_least_5000_requests():
-    assert sum(EXAMPLES.values()) >= 5000
+def limit_examples(test):
+    """`test` with LIMIT_CASES as explicit examples, which hypothesis always runs."""
+    for nested in LIMIT_CASES:
+        test = example(nested=nested)(test)
+    return test
+
+
+def test_bodies_nested_deep(server):
+    client, vocab = server
+    drawn = Counter()
+    statuses = RESPONSES["nested"] = Counter()
+
+    @settings(FUZZ_SETTINGS, max_examples=EXAMPLES["nested"])
+    @given(nested=nested_cases(vocab))
+    @limit_examples
+    def fuzz(nested):
+        endpoint, case = nested
+        if nested not in LIMIT_CASES:
+            drawn[endpoint, case.expect] += 1
+        statuses[check(client, endpoint, case)] += 1
+
+    fuzz()
+    # the draws sent every endpoint bodies past the limit and within it, so neither side passes by
+    # being skipped
+    assert {(endpoint, expect) for endpoint in PATHS for expect in ("too_deep", "either")} <= set(drawn), drawn
+    assert_answered(statuses, EXAMPLES["nested"], {200, 400})
+
+
+def test_the_fuzz_sent_at_least_5000_requests():
+    """The responses the fuzz tests above counted (pytest runs a file's tests in order): at least 5,000
+    in all, each with an allowed status, and replies as well as refusals among them."""
+    missing = sorted(set(EXAMPLES) - set(RESPONSES))
+    if missing:
+        pytest.skip(f"adds up the other fuzz tests' responses, and {missing} did not run before it")
+    assert_answered(sum(RESPONSES.values(), Counter()), 5000, {200, 400})

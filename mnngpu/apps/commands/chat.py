@@ -6,7 +6,9 @@ stops the reply being written at once, even while kernels are still compiling; w
 written stays in the conversation, and the next turn prefills it afresh. The KV cache is
 reused between turns (`reuse_kv`), so a turn prefills only its own tokens. A conversation
 that outgrows `max_all_tokens` loses its oldest turns, with a note saying so; an error in one
-turn is printed and the chat goes on.
+turn is printed and the chat goes on. With a piped stdin (not a terminal) each line is a turn
+and no `User: ` prompt is printed: stdout holds only the replies, each after `A: `. What a
+command says (`/reset`, `/help`, a refused `/word`) goes to stderr, never under that label.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TextIO
 from mnngpu.apps.commands.common import add_model_arguments, load_model, overrides_from
 from mnngpu.errors import MnnGpuError
 
+USER_PROMPT = "\nUser: "   # before each line read from a terminal
 COMMANDS = {
     "/help": "list these commands",
     "/reset": "forget the conversation and start over",
@@ -40,7 +43,8 @@ def run(args) -> int:
     model = load_model(args, own)
     _enable_line_editing()
     print("type /help for the commands; Ctrl-C stops a reply", file=sys.stderr)
-    return chat_loop(ChatSession(model, args.system, args.show_special), input, sys.stdout)
+    prompt = USER_PROMPT if sys.stdin.isatty() else ""   # piped lines get no prompt among the replies
+    return chat_loop(ChatSession(model, args.system, args.show_special), input, sys.stdout, prompt=prompt)
 
 
 def _enable_line_editing() -> None:
@@ -52,12 +56,13 @@ def _enable_line_editing() -> None:
             pass
 
 
-def chat_loop(session, read_line: Callable[[str], str], out: TextIO, err: TextIO | None = None) -> int:
-    """Read a line, answer it, repeat, until /exit or the end of input."""
+def chat_loop(session, read_line: Callable[[str], str], out: TextIO, err: TextIO | None = None,
+              prompt: str = USER_PROMPT) -> int:
+    """Read a line (after `prompt`), answer it, repeat, until /exit or the end of input."""
     err = err if err is not None else sys.stderr
     while True:
         try:
-            line = read_line("\nUser: ").strip()
+            line = read_line(prompt).strip()
         except EOFError:
             out.write("\n")
             return 0
@@ -68,7 +73,7 @@ def chat_loop(session, read_line: Callable[[str], str], out: TextIO, err: TextIO
             return 0
         if line == "/reset":
             session.reset()
-            out.write("\nA: reset done.\n")
+            err.write("reset done.\n")
         elif line == "/help":
             err.write("".join(f"{name:8} {what}\n" for name, what in COMMANDS.items()))
         elif line.startswith("/") and line.split()[0] not in COMMANDS:

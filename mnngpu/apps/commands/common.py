@@ -47,11 +47,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-n", "--max-new-tokens", type=int)
 
 
-def add_speculative_argument(parser: argparse.ArgumentParser) -> None:
-    from mnngpu.generation.factory import SPECULATIVE_CHOICES
+# The speculative_type values mnngpu runs (mnngpu/generation/factory.py): the flag offers only these.
+# "mtp" and "dflash" are MNN values mnngpu refuses at load; set through --config or a config file,
+# they still get that one-line refusal.
+SPECULATIVE_FLAG_CHOICES = ("lookahead", "eagle")
 
-    parser.add_argument("--speculative", choices=SPECULATIVE_CHOICES,
-                        help="speculative_type: decode with this strategy instead of one token per forward")
+
+def add_speculative_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--speculative", choices=SPECULATIVE_FLAG_CHOICES,
+                        help="speculative_type: decode with this strategy instead of one token per forward "
+                             "(eagle needs the draft head llmexport --eagle_path writes; mtp and dflash are not "
+                             "run by mnngpu)")
 
 
 def parse_override(item: str) -> tuple[str, object]:

@@ -1,11 +1,12 @@
 """`mnngpu serve [MODEL]`: an OpenAI-compatible HTTP server (chat completions, completions, models).
 
-It binds 127.0.0.1 unless told otherwise, answers one request at a time in arrival order and
-queues the rest. docs/server.md lists the endpoints and fields. The port is bound before the
-model loads; while it loads the server answers GET /health with 503 (and every other request
-too), and "serving ..." is printed once it is ready. The first Ctrl-C (or SIGTERM)
-stops taking requests and ends the replies being streamed with their final event; a second
-one exits at once.
+It binds 127.0.0.1 unless told otherwise. The model holds `--parallel` slots (4 where the model
+and backend batch, else 1), each generating one reply, their decode rows batched in one forward
+(continuous batching); the other requests wait in a queue, in arrival order, for the first slot
+freed. docs/server.md lists the endpoints and fields. The port is bound before the model loads;
+while it loads the server answers GET /health with 503 (and every other request too), and
+"serving ..." is printed once it is ready. The first Ctrl-C (or SIGTERM) stops taking requests
+and ends the replies being streamed with their final event; a second one exits at once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def _int(text: str, field: str) -> int:
 
 
 def register(subparsers) -> None:
+    from mnngpu.generation.batch import DEFAULT_SLOTS
+
     try:
         from mnngpu.apps.server.engine import DEFAULT_MAX_QUEUE
         from mnngpu.apps.server.protocol import DEFAULT_MAX_BODY_BYTES
@@ -56,11 +59,11 @@ def register(subparsers) -> None:
     parser.add_argument("--max-body-bytes", type=positive("--max-body-bytes"), default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (default: %(default)s)")
     parser.add_argument("--max-queue", type=positive("--max-queue"), default=DEFAULT_MAX_QUEUE,
-                        help="requests that may wait behind the running one before new ones get 503 "
+                        help="requests that may wait for a slot (see --parallel) before new ones get 503 "
                              "(default: %(default)s)")
     parser.add_argument("--parallel", "-np", type=positive("--parallel"), default=None,
                         help="slots: requests generated at once, their decode rows batched in one forward "
-                             "(default: 4 where the model and backend batch, else 1)")
+                             f"(default: {DEFAULT_SLOTS} where the model and backend batch, else 1)")
     parser.add_argument("--quiet", action="store_true", help="no access or error lines")
     parser.set_defaults(func=run)
 
@@ -73,8 +76,9 @@ def run(args) -> int:
         from mnngpu.apps.server.engine import ModelSlot
         from mnngpu.apps.server.lifecycle import GracefulServer, bind
     except ImportError as exc:
-        raise MnnGpuError(f"the server needs starlette, uvicorn and prometheus_client ({exc.name} is "
-                          "missing): pip install 'mnngpu[serve]'", field="serve") from None
+        raise MnnGpuError(f"the server needs starlette, uvicorn and prometheus_client ({exc.name} is missing), "
+                          "and llguidance for structured output (response_format, tool_choice required): "
+                          "pip install 'mnngpu[serve]' installs all four", field="serve") from None
 
     listener = bind(args.host, args.port)
     try:

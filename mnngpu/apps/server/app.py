@@ -12,7 +12,8 @@ endpoints an operator or an evaluation harness uses.
 
 Chat requests may ask for structured output (`response_format`, run by structured.py) and offer
 tools (tool_calls.py). A streamed reply is a server-sent event per piece of text (or of a tool
-call), then `data: [DONE]`. Request bodies larger than `max_body_bytes` get 413; any refused
+call), then `data: [DONE]`. Request bodies larger than `max_body_bytes` get 413, bodies nested
+deeper than MAX_JSON_DEPTH get 400, an unknown path gets 404 listing the routes; any refused
 request gets a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a
 streamed request is checked before its stream starts, so it gets its 4xx status too. Every
 request makes one access line (logger "mnngpu.access") and is counted in /metrics once its
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -264,8 +266,21 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+# The deepest nesting of arrays and objects a body may have, the body itself being level 1. Real
+# bodies are shallow: a message's content part is at level 5; a tool's `parameters` schema starts at
+# level 5 and a `response_format` json_schema's at level 4, and each nested object property adds 2
+# (`properties`, then the property's schema), so a schema at OpenAI's own structured-output limit
+# (10 levels of nesting) ends near level 25; 100 leaves room for twice that with an `anyOf` or
+# array `items` on every level, and a 48-level object schema still fits. The cap keeps what walks a
+# body afterwards (json.dumps, the schema and grammar compilers, the chat template), which recurse
+# a few frames per level, far from Python's recursion limit (1,000 frames), where a body ~1,000
+# levels deep (2 KB of `[`) ended in a RecursionError and a 500.
+MAX_JSON_DEPTH = 100
+
+
 async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read no further than `limit` bytes."""
+    """The body as a JSON object, read no further than `limit` bytes and nested no deeper than
+    MAX_JSON_DEPTH."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise _too_large(limit) if declared.isdigit() else ApiError(400, "Content-Length is not a number")
@@ -278,9 +293,31 @@ async def read_json(request: Request, limit: int) -> dict:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:   # nested deeper than the decoder's stack allows, far past MAX_JSON_DEPTH
+        raise _too_deep() from None
     if not isinstance(data, dict):
         raise ApiError(400, f"expected a JSON object, got {type(data).__name__}")
+    if _deeper_than(data, MAX_JSON_DEPTH):
+        raise _too_deep()
     return data
+
+
+def _deeper_than(data: dict | list, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels in `data` (itself level 1); walked a
+    level at a time, not recursively, so no depth can overflow the stack here."""
+    level, depth = [data], 1
+    while level:
+        if depth > limit:
+            return True
+        level = [child for value in level for child in (value.values() if isinstance(value, dict) else value)
+                 if isinstance(child, dict | list)]
+        depth += 1
+    return False
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, f"the body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
+                    code="nested_too_deep")
 
 
 def _too_large(limit: int) -> ApiError:
@@ -293,8 +330,24 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+    """Starlette's own refusals: no route for the path (404), or not for the method (405)."""
+    if exc.status_code == 404:
+        body = error_body(f"no route {request.method} {request.url.path}; this server has "
+                          f"{', '.join(_route_names(request.app.routes))}", "not_found_error",
+                          code="unknown_route")
+    else:
+        body = error_body(str(exc.detail), "invalid_request_error")
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _route_names(routes: list) -> list[str]:
+    """'POST /v1/completions', 'GET /v1/models/{model_id}', ... for each route, in the table's order."""
+    names = []
+    for route in routes:
+        if isinstance(route, Route):
+            path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)   # {model_id:path} -> {model_id}
+            names.append(f"{'/'.join(sorted(route.methods - {'HEAD'}))} {path}")
+    return names
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -66,7 +66,7 @@ FIELDS: dict[str, Field] = {
     "stop": _implemented("a string or up to 4; the reply ends before the first one"),
     "stream": _implemented("server-sent events, then data: [DONE]"),
     "stream_options": _implemented("include_usage: a last event with usage; include_obfuscation is inert"),
-    "n": _implemented("choices per prompt, generated one after another"),
+    "n": _implemented("choices per prompt, each in a slot of its own (at once where slots are free), seeded seed + index"),
     "presence_penalty": _implemented("-2 to 2, subtracted from the logit of every token already generated"),
     "frequency_penalty": _implemented("-2 to 2, times how often a token was generated, subtracted from its logit"),
     "logit_bias": _implemented("token id -> -100 to 100, added to that token's logit before sampling"),

@@ -135,14 +135,20 @@ def _choice(choice: Any, names: list[str]) -> tuple[str, str | None]:
                      field="tool_choice")
 
 
+# How to give a model a template that renders tools, said with each refusal of `tools`.
+TEMPLATE_HINT = (f"; give it one that does as `jinja.chat_template` in the model folder's llm_config.json, or "
+                 f"with mnngpu serve --config 'jinja={{\"chat_template\": \"...\"}}' (it gets the tools as its "
+                 f"`tools` variable and must write calls as {OPEN}...{CLOSE})")
+
+
 def _check_template(template: str | None) -> None:
     """Tools need a chat template that renders them and writes calls in the Hermes format."""
     if not template or "tools" not in template:
         raise InputError("the model's chat template does not render tools (it never reads `tools`), so the "
-                         "model cannot be told about them", field="tools")
+                         "model cannot be told about them" + TEMPLATE_HINT, field="tools")
     if OPEN not in template:
         raise InputError(f"the model's chat template does not write calls as {OPEN}...{CLOSE} (the Hermes "
-                         "format), the only one read here", field="tools")
+                         "format), the only one read here" + TEMPLATE_HINT, field="tools")
 
 
 # ---- reading the calls in a reply ---------------------------------------------------------------------
