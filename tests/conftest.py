@@ -72,6 +72,12 @@ def reference(name: str) -> tuple[dict, np.ndarray]:
     return json.loads((folder / "reference.json").read_text()), np.load(folder / "first_logits.npy")
 
 
+def skip_unavailable(backend_type: str, why: object):
+    """Skip a test for want of something `backend_type` needs here (a driver, a device feature, its
+    shader compiler), worded so that MNNGPU_REQUIRE naming the backend turns the skip into a failure."""
+    pytest.skip(f"{backend_type} unavailable: {why}")
+
+
 def backend_or_skip(backend_type: str):
     """Create the backend, or skip the test with the reason it is unavailable here."""
     from mnngpu.backend import BackendConfig, create_backend
@@ -80,7 +86,7 @@ def backend_or_skip(backend_type: str):
     try:
         return create_backend(backend_type, BackendConfig(precision="high", thread_num=2))
     except BackendUnavailableError as exc:
-        pytest.skip(f"{backend_type} unavailable: {exc}")
+        skip_unavailable(backend_type, exc)
 
 
 @pytest.fixture(params=BACKENDS)

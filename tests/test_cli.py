@@ -135,12 +135,18 @@ def test_serve_without_its_extra_names_every_package_the_extra_installs(capsys, 
 def test_without_a_model_folder_run_uses_the_bundled_demo_model(capsys):
     from mnngpu.demo import DEMO_MODEL_DIR
 
+    assert (DEMO_MODEL_DIR / "config.json").is_file()   # shipped inside the package
+    code = main(["run", "-p", "Once upon a time", "-n", "4"])
+    assert code == 0 and "ready: " + DEMO_MODEL_DIR.name in capsys.readouterr().err
+
+
+def test_a_missing_demo_model_is_one_error_naming_its_config(monkeypatch, tmp_path, capsys):
+    from mnngpu import demo
+
+    monkeypatch.setattr(demo, "DEMO_MODEL_DIR", tmp_path / "model")
     code = main(["run", "-p", "Once upon a time", "-n", "4"])
     err = capsys.readouterr().err
-    if (DEMO_MODEL_DIR / "config.json").is_file():
-        assert code == 0 and "ready: " + DEMO_MODEL_DIR.name in err
-    else:
-        assert code == 2 and str(DEMO_MODEL_DIR / "config.json") in err
+    assert code == 2 and err.startswith("error: ") and str(tmp_path / "model" / "config.json") in err
 
 
 def test_the_console_script_runs_from_a_fresh_process():

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from mnngpu.demo import demo_model_dir
+from tests.test_first_run import DEMO_REPLY
 from tools import demo_corpus
 
 HELDOUT_DOCUMENTS = 24
@@ -33,6 +34,7 @@ UNIGRAM_DOCUMENTS = 1000
 MAX_PERPLEXITY_RATIO = 0.5
 MAX_MODEL_BYTES = 8_000_000
 GREEDY_PROMPT = "Once upon a time,"
+README_PROMPT = "Once upon a time"   # the README's first command
 GREEDY_STEPS = 40
 RUN_SETTINGS = {"all_logits": True, "precision": "high", "memory": "high", "thread_num": 2}
 
@@ -130,6 +132,12 @@ def test_mnn_runtime_beats_unigram_baseline(mnn_result: dict) -> None:
     assert_beats_unigram(mnn_result)
 
 
+def test_the_readme_commands_reply_is_mnns(mnn_result: dict) -> None:
+    """DEMO_REPLY, which the first-run tests expect from `mnngpu run -p "Once upon a time"`, is what
+    MNN's own runtime answers on the shipped folder."""
+    assert mnn_result["readme_reply"].strip() == DEMO_REPLY
+
+
 def test_mnn_greedy_output_is_corpus_english(mnn_result: dict) -> None:
     words = re.findall(r"[A-Za-z']+", mnn_result["greedy_text"])
     assert len(words) >= 10, mnn_result["greedy_text"]
@@ -152,6 +160,11 @@ def run_mnn(model_dir: Path, out: Path) -> None:
         result = measure(llm)
         ids = greedy_ids(llm, GREEDY_PROMPT, GREEDY_STEPS)
         result["greedy_text"] = "".join(llm.tokenizer_decode(i) for i in ids)
+    # The README's first command through MNN: a fresh instance on the folder as shipped, its chat
+    # template and sampler as its config sets them.
+    shipped = mnn_llm.create(str(model_dir / "config.json"))
+    shipped.load()
+    result["readme_reply"] = shipped.response(README_PROMPT, False)
     out.write_text(json.dumps(result))
 
 

@@ -26,7 +26,7 @@ from mnngpu import jit, mapped_folders
 from tests.test_jit import _background_workers
 
 PROMPT = "Once upon a time"
-DEMO_REPLY = "The colour of a crow is black."
+DEMO_REPLY = "The colour of a crow is black."   # MNN's own reply: tests/test_demo_model.py checks it
 
 # `mnngpu run` with a listener on numba's compile event: the kernels this process compiled itself
 RUN_CLI = textwrap.dedent("""

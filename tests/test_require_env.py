@@ -52,3 +52,19 @@ def test_a_module_skipped_at_collection_fails(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0, result.stdout
     assert "MNNGPU_REQUIRE names cuda" in result.stdout
+
+
+# Words in a skip reason that say a required backend's driver, device or toolchain is missing.
+DRIVER_WORDS = ("opencl", "vulkan", "glslc", "shaderfloat16", "lavapipe", "pocl", "cl_khr")
+
+
+def test_every_skip_for_a_backend_s_needs_is_worded_for_mnngpu_require():
+    """A skip whose reason names a backend's driver, device features or shader compiler goes through
+    conftest.skip_unavailable (or says "<backend> unavailable"), so MNNGPU_REQUIRE catches it."""
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "pytest.skip(" in line and any(word in line.lower() for word in DRIVER_WORDS) \
+                    and "unavailable" not in line:
+                offenders.append(f"{path.relative_to(REPO)}:{number}")
+    assert offenders == []

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
+from tests.conftest import skip_unavailable
 from tools import build_shaders
 
 SPIRV_MAGIC = bytes.fromhex("03022307")  # 0x07230203, little-endian
@@ -45,10 +44,11 @@ def test_editing_a_header_makes_its_users_stale(tmp_path, monkeypatch):
 def test_rebuild_gives_the_same_bytes(tmp_path):
     glslc = shutil.which("glslc")
     if glslc is None:
-        pytest.skip("glslc is not installed")
+        skip_unavailable("vulkan", "glslc, which builds its shaders, is not installed")
     manifest = build_shaders.load_manifest()
     if build_shaders.glslc_version(glslc) != manifest["glslc"]:
-        pytest.skip(f"the .spv files were built by {manifest['glslc']}")
+        skip_unavailable("vulkan", f"the .spv files were built by {manifest['glslc']}, not this glslc "
+                                   f"({build_shaders.glslc_version(glslc)})")
     for name, entry in manifest["shaders"].items():
         out = tmp_path / name
         build_shaders.compile_variant(glslc, entry["source"][: -len(".comp")], entry["defines"], out)

@@ -195,6 +195,15 @@ def attention(seq, heads, kv_heads, head_dim, capacity, scale, window, batched, 
 KV_KERNELS = {"kv_append": kv_append, "attention": attention}
 
 
+def poisoned(size, dtype) -> np.ndarray:
+    """What a fresh device allocation holds as far as a test can tell: garbage. Floats are NaN and
+    integers their largest value, so a kernel that reads memory nothing wrote makes NaN logits or an
+    out-of-range index instead of passing on zeros."""
+    dtype = np.dtype(dtype)
+    fill = np.nan if dtype.kind == "f" else np.iinfo(dtype).max if dtype.kind in "iu" else 0
+    return np.full(size, fill, dtype=dtype)
+
+
 def fake_cupy() -> SimpleNamespace:
     """The module the backend imports as cupy."""
     runtime = SimpleNamespace(getDeviceCount=lambda: 1,
@@ -206,6 +215,6 @@ def fake_cupy() -> SimpleNamespace:
     return SimpleNamespace(
         __version__="offline", RawModule=RawModule, matmul=lambda a, b: _device(np.matmul(a, b)),
         asarray=lambda a: _device(np.asarray(a)),
-        empty=lambda size, dtype: _device(np.zeros(size, dtype=dtype)),   # zeros: no garbage reaches a test
+        empty=lambda size, dtype: _device(poisoned(size, dtype)),
         zeros=lambda shape, dtype: _device(np.zeros(shape, dtype=dtype)),
         cuda=SimpleNamespace(runtime=runtime, Stream=Stream, device=SimpleNamespace(get_cublas_handle=no_cublas)))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mnngpu import llm as mnngpu_llm
-from tests.conftest import FIXTURES, MODEL_NAMES, backend_or_skip, reference
+from tests.conftest import FIXTURES, MODEL_NAMES, backend_or_skip, reference, skip_unavailable
 
 LOW_TOLERANCE = 2e-2
 
@@ -16,7 +16,7 @@ LOW_TOLERANCE = 2e-2
 def fp16_device():
     backend = backend_or_skip("vulkan")
     if not backend.device.fp16:
-        pytest.skip(f"{backend.device.name} lacks shaderFloat16 or 16-bit storage buffers")
+        skip_unavailable("vulkan", f"{backend.device.name} lacks shaderFloat16 or 16-bit storage buffers")
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
