@@ -546,7 +546,6 @@ BACKGROUND = Background()
 atexit.register(BACKGROUND.start_leftovers)
 
 
-
 # ---- kernels and their numpy twins -----------------------------------------------------------
 
 TWINS: dict = {}      # numba dispatcher -> numpy function with the same arguments

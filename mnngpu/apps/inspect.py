@@ -10,7 +10,6 @@ the attention reshapes), from llm_config.json otherwise.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections import Counter
 from pathlib import Path
@@ -275,9 +274,9 @@ def op_support(net: Net) -> dict[str, Any]:
     cpu = tables.get("cpu") or frozenset()
     backends = {}
     for backend_type, table in tables.items():
-        missing = missing_package(backend_type)
+        missing = registry.missing_package(backend_type)
         if table is None or missing is not None:
-            backends[backend_type] = {"available": False, "missing": missing or DRIVER_PACKAGES.get(backend_type),
+            backends[backend_type] = {"available": False, "missing": missing or registry.DRIVER_PACKAGES.get(backend_type),
                                       "cpu_fallback": [], "unsupported": unsupported}
             continue
         fallback = [name for name, op in ops.items()
@@ -285,24 +284,6 @@ def op_support(net: Net) -> dict[str, Any]:
         backends[backend_type] = {"available": True, "missing": None, "cpu_fallback": fallback,
                                   "unsupported": unsupported}
     return {"all_supported": not unsupported, "unsupported": unsupported, "ops": ops, "backends": backends}
-
-
-# The Python package each device backend drives its device through (pyproject.toml's extra of the
-# backend's name installs it). The Vulkan and CUDA backends import theirs only when they start, so
-# their op tables load without it: inspect asks for the package itself.
-DRIVER_PACKAGES = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
-
-
-def missing_package(backend_type: str) -> str | None:
-    """The package `backend_type` needs that is not installed here, or None."""
-    package = DRIVER_PACKAGES.get(backend_type)
-    if package is None:
-        return None
-    try:
-        found = importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else package
 
 
 # --- quantization ----------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The backends by name: `backend_type` -> the Backend class, imported only when chosen, and which
-backends implement which op types (their `executions` tables)."""
+backends implement which op types (their `executions` tables), and which driver package is missing here."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from mnngpu.backend.interface import Backend, BackendConfig
 from mnngpu.errors import BackendUnavailableError, ConfigError
@@ -55,3 +56,21 @@ def implemented_by(op_type: str) -> list[str]:
     """The backend types whose op table has `op_type` (backends whose package is missing are left out)."""
     return [backend_type for backend_type, table in backend_op_tables().items()
             if table is not None and op_type in table]
+
+
+# The Python package each device backend drives its device through (pyproject.toml's extra of the
+# backend's name installs it). The Vulkan and CUDA backends import theirs only when they start, so
+# their op tables load without it: whether it is installed is asked of the package itself.
+DRIVER_PACKAGES = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
+
+
+def missing_package(backend_type: str) -> str | None:
+    """The package `backend_type` needs that is not installed here, or None."""
+    package = DRIVER_PACKAGES.get(backend_type)
+    if package is None:
+        return None
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else package
