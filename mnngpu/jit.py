@@ -253,8 +253,8 @@ def is_cached(kernel, sig: tuple) -> bool:
 # inherited file descriptor), so two runs never start two. The process compiles the batches of
 # its install until none is left (a batch queued meanwhile included), lets go of the lock, looks
 # once more, and exits. A run counts a batch done when its file is gone. Another install of this
-# version (another venv) shares the folder and its lock but not its code: the process hands the
-# lock on to that install's own process for its batches, and exits.
+# version (another venv) shares the folder and its lock but not its code: the process becomes
+# that install's own process for its batches (exec, the lock held throughout), so never two run.
 
 QUEUE = "background-jobs"
 LOCK_FD = "MNNGPU_COMPILE_LOCK_FD"   # the lock a process is started with, inherited from its starter
@@ -317,24 +317,43 @@ def _let_go(fd: int) -> None:
         os.close(fd)      # the last descriptor of the open lock file: the lock goes with it
 
 
+def _worker_command(lock_fd: int, python: str, package: Path) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the background process of the install whose package folder is `package`,
+    handed the compile lock `lock_fd` (none where it is negative)."""
+    # It must import that very package: `-m` puts the current folder first on the path, and from a
+    # folder holding another mnngpu (a checkout) it would compile that one's kernels instead.
+    path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0", "PYTHONPATH": path}
+    env.pop(LOCK_FD, None)
+    if lock_fd >= 0:
+        env[LOCK_FD] = str(lock_fd)
+    return [python, "-m", "mnngpu.jit"], env
+
+
 def _start_worker(lock_fd: int, python: str = sys.executable, package: Path = PACKAGE) -> subprocess.Popen:
     """Start the background process of the install whose package folder is `package`, which takes
     over the compile lock `lock_fd` (this process lets go of its descriptor, started or not)."""
     try:
-        # It must import that very package: `-m` puts the current folder first on the path, and from a
-        # folder holding another mnngpu (a checkout) it would compile that one's kernels instead.
-        path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir()), ENV_SWITCH: "0", "PYTHONPATH": path}
-        env.pop(LOCK_FD, None)
-        if lock_fd >= 0:
-            env[LOCK_FD] = str(lock_fd)
+        argv, env = _worker_command(lock_fd, python, package)
         with open(_worker_log(), "ab") as log_file:
             # its own session: a Ctrl-C at the terminal stops the run, not the compile for the next one
-            return subprocess.Popen([python, "-m", "mnngpu.jit"], stdin=subprocess.DEVNULL, cwd=cache_dir(),
-                                    stdout=log_file, stderr=log_file, env=env, start_new_session=True,
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=cache_dir(), stdout=log_file,
+                                    stderr=log_file, env=env, start_new_session=True,
                                     pass_fds=(lock_fd,) if lock_fd >= 0 else ())
     finally:
         _let_go(lock_fd)
+
+
+def _become_worker(lock_fd: int, python: str, package: Path) -> None:
+    """Replace this background process by another install's, the lock held throughout: never two
+    processes at once. Returns only where the exec fails (OSError)."""
+    argv, env = _worker_command(lock_fd, python, package)
+    if lock_fd >= 0:
+        os.set_inheritable(lock_fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(cache_dir())
+    os.execve(python, argv, env)
 
 
 @dataclass(frozen=True)
@@ -691,9 +710,11 @@ def _work() -> int:
         except Exception:  # housekeeping: the kernels are compiled, so the runs still take them
             log.exception("pruning the kernel cache failed")
         other = _other_install_waiting()
-        if other is not None:   # another install (same kernels, another venv) queued: its own process
+        if other is not None:   # another install (same kernels, another venv) queued: this process becomes its own
+            for handler in logging.getLogger().handlers:
+                handler.flush()
             try:
-                _start_worker(lock, *other)
+                _become_worker(lock, *other)
             except OSError:
                 log.exception("starting the background compile of %s failed", other[1])
             break

@@ -72,6 +72,13 @@ def reference(name: str) -> tuple[dict, np.ndarray]:
     return json.loads((folder / "reference.json").read_text()), np.load(folder / "first_logits.npy")
 
 
+def hf_dir(name: str) -> Path:
+    """A fixture's HF source: its own hf/, or for a newer-format export (a C4 fixture) the hf/ of the
+    fixture it was exported from (reference.json's hf_from)."""
+    source = json.loads((FIXTURES / name / "reference.json").read_text()).get("hf_from", name)
+    return FIXTURES / source / "hf"
+
+
 def skip_unavailable(backend_type: str, why: object):
     """Skip a test for want of something `backend_type` needs here (a driver, a device feature, its
     shader compiler), worded so that MNNGPU_REQUIRE naming the backend turns the skip into a failure."""

@@ -226,8 +226,8 @@ def test_a_process_that_ends_without_taking_its_batch_leaves_it_to_the_run(tmp_p
 
 def test_another_installs_batches_go_to_its_own_process(tmp_path):
     """Two installs of one version (two venvs) share a kernels folder and its lock. The process of
-    one compiles its own install's batches, then hands the lock to the other install's process
-    for the rest (a process imports its own install's kernels only)."""
+    one compiles its own install's batches, then becomes the other install's process (exec, the lock
+    held) for the rest (a process imports its own install's kernels only): one process at a time."""
     cache = tmp_path / "cache"
     other = _install_copy(tmp_path / "other") / "mnngpu"
     queues = {}

@@ -18,6 +18,7 @@ STORAGES = (0, 1, 2)   # fp32, fp16, bf16 (common.cuh)
 KERNELS = {            # every kernel name backends/cuda launches, per source
     "elementwise.cu": {"binary_same", "binary_indexed", "unary", "int_to_real", "real_to_int"},
     "norm.cu": {"layer_norm"},
+    "rope.cu": {"rope_rotate_half"},
     "linear.cu": {"gemv_q4", "gemv_q4_words", "gemv_q8", "gemv_q8_words", "gemv_dense", "dequant_q4",
                   "dequant_q8", "dense_to_gemm", "real_to_gemm", "gemm_to_real", "gemv_q4_tokens",
                   "gemv_q4_words_tokens", "gemv_q8_tokens", "gemv_q8_words_tokens", "gemv_dense_tokens"},

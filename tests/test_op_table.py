@@ -79,8 +79,8 @@ def test_fill_needs_a_known_1d_shape_and_one_value():
 
 
 def test_an_op_outside_the_table_is_named():
-    with pytest.raises(ModelFormatError, match="op type RoPE is not supported"):
-        op_table.infer(Node("RoPE", "rope"), [Tensor((1, 4), np.dtype(np.float32))])
+    with pytest.raises(ModelFormatError, match="op type FmhaV2 is not supported"):
+        op_table.infer(Node("FmhaV2", "fmha"), [Tensor((1, 4), np.dtype(np.float32))])
     with pytest.raises(ModelFormatError, match="cannot be evaluated on the host"):
         op_table.evaluate(Node("Attention", "a"), [])
 

@@ -8,6 +8,17 @@ is committed beside the export as `hf/`, so weight tests can compare against it.
     pip install -e '.[fixtures,test]'
     python -m tools.make_fixtures            # all fixtures
     python -m tools.make_fixtures qwen3      # only the named ones
+
+The `_c4` fixtures are exports in MNN's newer format (C4 fusion: FusedLinear, RoPE, GatedRMSNorm,
+Attention with output_c4, LinearAttention gate_fold; fp16 quantization scales), made from another
+fixture's committed `hf/` (reference.json's "hf_from"; they hold no `hf/` of their own) by MNN's own
+llmexport.py and MNNConvert at tools/build_mnn.py's MNN_COMMIT, and recorded by that commit's runtime
+(tools/mnn_recorder.cpp, a fresh instance per prompt, the same prompt ids as the source fixture; each
+prompt also keeps the top 8 ids and logits of every greedy step as "steps_top"). They need that
+build (tools/head_export.py):
+
+    python -m tools.build_mnn MNN_GIT_DIR WORKDIR
+    MNN_HEAD_BUILD=WORKDIR/build-<commit9> python -m tools.make_fixtures qwen3_c4
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools import corpus
+from tools import corpus, head_export
 from tools.mnn_export import (
     copy_model_files,
     disable_converter_telemetry,
@@ -71,6 +82,16 @@ class FixtureSpec:
     # sizes go under text_config, the towers' configs are null
     composite: bool = False
     settings: dict = field(default_factory=dict)   # {export file: {key: value}} the fixture changes
+    # the exporter: "0.0.5", the `llmexport` wheel's (recorded by MNN 3.6.1's wheel); "head", MNN's own
+    # at tools/build_mnn.py's commit (recorded by that commit's runtime: tools/head_export.py)
+    exporter: str = "0.0.5"
+    # export the committed hf/ of this fixture instead of building one (a "head" spec's source)
+    hf_from: str | None = None
+
+    def __post_init__(self):
+        if (self.exporter == "head") != (self.hf_from is not None):
+            raise ValueError(f"{self.name}: a 'head' spec exports another fixture's hf/ (hf_from), "
+                             "and only a 'head' spec does")
 
 
 QWEN3_5_TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 2,
@@ -91,6 +112,7 @@ GEMMA4_TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads"
                "head_dim": 32, "per_layer_config": {}, "hidden_size_per_layer_input": 64, "sliding_window": 8,
                "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 30.0}
 
+INT4_B64 = ["--quant_bit", "4", "--quant_block", "64"]
 SPECS = [
     FixtureSpec("qwen2_int4_b64", "qwen2", ["--quant_bit", "4", "--quant_block", "64"]),
     # the exporter taps the inputs of layers 2, n//2 and n-3 for EAGLE-3: 7 layers make them distinct
@@ -153,6 +175,23 @@ SPECS = [
     # (proportional, a quarter of the head, on the full layer), tied, logits soft-capped
     FixtureSpec("gemma4_int4_b64", "gemma4", ["--quant_bit", "4", "--quant_block", "64"], tied=True,
                 stateful=True, composite=True, hf_overrides=GEMMA4_TEXT),
+    # MNN's newer export format (C4 fusion on, fp16 scales: the exporter's defaults at its commit) of
+    # the fixtures above, recorded by that commit's runtime
+    FixtureSpec("qwen3_c4", "qwen3", INT4_B64, exporter="head", hf_from="qwen3_int4_b64"),
+    FixtureSpec("qwen2_c4", "qwen2", INT4_B64, exporter="head", hf_from="qwen2_int4_b64"),
+    FixtureSpec("qwen3_c4_unfused_ln", "qwen3", [*INT4_B64, "--disable_fuse_ln_proj"], exporter="head",
+                hf_from="qwen3_int4_b64"),
+    FixtureSpec("qwen3_c4_unfused_proj", "qwen3",
+                [*INT4_B64, "--disable_fuse_qkv_proj", "--disable_fuse_gate_up_proj"], exporter="head",
+                hf_from="qwen3_int4_b64"),
+    # exported from the text model alone (its hf/): the export has no vision settings to turn off
+    FixtureSpec("qwen3_5_c4", "qwen3_5", INT4_B64, stateful=True, exporter="head", hf_from="qwen3_5_int4_b64"),
+    FixtureSpec("qwen3_5_c4_unfused_gate", "qwen3_5", [*INT4_B64, "--disable_fuse_linear_attn_gate"],
+                stateful=True, exporter="head", hf_from="qwen3_5_int4_b64"),
+    FixtureSpec("qwen3_moe_c4", "qwen3_moe", INT4_B64, exporter="head", hf_from="qwen3_moe_int4_b64"),
+    # partial rotary (half of each head)
+    FixtureSpec("phi2_c4", "phi", ["--quant_bit", "8", "--quant_block", "64"], exporter="head",
+                hf_from="phi2_int8"),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -348,15 +387,43 @@ def export_with_eagle_head(spec: FixtureSpec, tok, hf_dir: Path, out_dir: Path, 
     export_mnn(hf_dir, out_dir, *spec.export_args, "--eagle_path", str(eagle_dir))
 
 
-def mnn_op_counts(model_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
-    """Op counts of the main graph and of all its subgraphs (a MoE export's experts), by type."""
+# MNN 3.6.1's converter (the `MNN` wheel's): it writes no valid JSON for the newer format's op types
+WHEEL_CONVERTER = [sys.executable, "-c", ("import sys; from MNN.tools import mnnconvert; "
+                                         "sys.argv = ['mnnconvert'] + sys.argv[1:]; mnnconvert.main()")]
+
+
+def mnn_graph_json(model_dir: Path, converter: list[str] | None = None) -> dict:
+    """llm.mnn as the converter's JSON dump (`-f MNN --JsonFile`); converter: its argv (the wheel's)."""
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "llm.json"
-        subprocess.run([sys.executable, "-c", "import sys; from MNN.tools import mnnconvert; "
-                        "sys.argv = ['mnnconvert'] + sys.argv[1:]; mnnconvert.main()",
-                        "-f", "MNN", "--modelFile", str(model_dir / "llm.mnn"), "--JsonFile", str(dump)],
-                       check=True, capture_output=True)
-        graph = json.loads(dump.read_text())
+        subprocess.run([*(converter or WHEEL_CONVERTER), "-f", "MNN", "--modelFile",
+                        str(model_dir / "llm.mnn"), "--JsonFile", str(dump)], check=True, capture_output=True)
+        return json.loads(dump.read_text())
+
+
+# The newer converter's JSON dump of a newer-format fixture's llm.mnn, which MNN 3.6.1's converter cannot
+# write: the truth tests/format/test_graph_reader.py compares the reader with. Long vectors (the inline
+# rotary tables) are kept as a summary, so the file stays small.
+CONVERTER_TRUTH = "mnnconvert.json"
+SUMMARY_OVER = 64
+
+
+def summarized(value):
+    """`value` (the converter's JSON) with every list longer than SUMMARY_OVER replaced by
+    {"summary_of": length, "head": first 4, "tail": last 4, "sum": sum}."""
+    if isinstance(value, dict):
+        return {key: summarized(item) for key, item in value.items()}
+    if isinstance(value, list):
+        if len(value) > SUMMARY_OVER and all(isinstance(item, (int, float)) for item in value):
+            return {"summary_of": len(value), "head": value[:4], "tail": value[-4:], "sum": float(sum(value))}
+        return [summarized(item) for item in value]
+    return value
+
+
+def mnn_op_counts(model_dir: Path,
+                  converter: list[str] | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """Op counts of the main graph and of all its subgraphs (a MoE export's experts), by type."""
+    graph = mnn_graph_json(model_dir, converter)
     sub_ops = [op["type"] for sub in graph.get("subgraphs", []) for op in sub["nodes"]]
     return (dict(sorted(Counter(op["type"] for op in graph["oplists"]).items())),
             dict(sorted(Counter(sub_ops).items())))
@@ -382,7 +449,43 @@ def to_readable_json(value: dict) -> str:
     return head[:-2] + ',\n "prompts": [\n  ' + rows + "\n ]\n}\n"
 
 
+def make_head_fixture(spec: FixtureSpec) -> Path:
+    """Export spec.hf_from's committed hf/ with MNN's newer exporter and record the newer runtime on
+    the source fixture's prompt ids (the tokenizer is the same), with the source's settings."""
+    dest, source = FIXTURES / spec.name, FIXTURES / spec.hf_from
+    source_reference = json.loads((source / "reference.json").read_text())
+    if [prompt["text"] for prompt in source_reference["prompts"]] != PROMPTS:
+        raise ValueError(f"{spec.hf_from}'s reference.json holds other prompts than PROMPTS: remake it first")
+    if (source_reference["family"], source_reference["tied"]) != (spec.family, spec.tied):
+        raise ValueError(f"{spec.name}: family and tied differ from {spec.hf_from}'s")
+    hf_config = json.loads((source / "hf" / "config.json").read_text())
+    vocab = hf_config.get("text_config", hf_config)["vocab_size"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = Path(tmp) / "out"
+        head_export.export_head(source / "hf", out_dir, *spec.export_args)
+        copy_model_files(out_dir, dest)   # not the exporter's llm.mnn.json, export_args.json, onnx/
+    set_export_settings(dest, spec.settings)
+    settings = source_reference["settings"]
+    prompts, first_logits = head_export.record_head(
+        dest, [(prompt["text"], prompt["ids"]) for prompt in source_reference["prompts"]], settings, vocab)
+    np.save(dest / "first_logits.npy", first_logits)
+    reference = {"settings": settings, "fresh_instance_per_prompt": True,
+                 "recorded_by": head_export.RECORDED_BY, "exported_by": head_export.EXPORTED_BY,
+                 "hf_from": spec.hf_from, "export_args": spec.export_args, "family": spec.family,
+                 "tied": spec.tied}
+    graph = mnn_graph_json(dest, head_export.converter_argv())
+    (dest / CONVERTER_TRUTH).write_text(json.dumps(summarized(graph), separators=(",", ":")) + "\n")
+    reference["op_counts"], subgraph_counts = mnn_op_counts(dest, head_export.converter_argv())
+    if subgraph_counts:
+        reference["subgraph_op_counts"] = subgraph_counts
+    reference["prompts"] = prompts
+    (dest / "reference.json").write_text(to_readable_json(reference))
+    return dest
+
+
 def make_fixture(spec: FixtureSpec) -> Path:
+    if spec.exporter == "head":
+        return make_head_fixture(spec)
     dest = FIXTURES / spec.name
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "out"
@@ -429,10 +532,12 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help="fixture names (default: all)")
     args = parser.parse_args()
     disable_converter_telemetry()
-    for spec in SPECS:
-        if not args.names or spec.name in args.names:
-            path = make_fixture(spec)
-            print(f"{spec.name}: {folder_size(path) / 1e6:.2f} MB")
+    chosen = [spec for spec in SPECS if not args.names or spec.name in args.names]
+    if any(spec.exporter == "head" for spec in chosen):
+        head_export.head_build()   # before any fixture is made: exits saying how to get the build
+    for spec in chosen:
+        path = make_fixture(spec)
+        print(f"{spec.name}: {folder_size(path) / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

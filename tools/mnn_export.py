@@ -38,10 +38,13 @@ def disable_converter_telemetry() -> Path:
     return log_module
 
 
-def export_mnn(hf_dir: Path, out_dir: Path, *extra_args: str, quiet: bool = True) -> Path:
-    """Export hf_dir to out_dir with `llmexport --export mnn`; returns out_dir."""
+def export_mnn(hf_dir: Path, out_dir: Path, *extra_args: str, quiet: bool = True,
+               script_dir: Path | None = None) -> Path:
+    """Export hf_dir to out_dir with `llmexport --export mnn`; returns out_dir. script_dir is the
+    folder of the llmexport.py to run: the `llmexport` wheel's by default (tools/head_export.py
+    passes MNN's own source at a newer commit)."""
     disable_converter_telemetry()
-    script_dir = _package_dir("llmexport")
+    script_dir = script_dir or _package_dir("llmexport")
     argv = [sys.executable, "llmexport.py", "--path", str(Path(hf_dir).resolve()),
             "--export", "mnn", "--dst_path", str(Path(out_dir).resolve()), *extra_args]
     done = subprocess.run(argv, cwd=script_dir, capture_output=quiet, text=True)

@@ -40,6 +40,8 @@ SUPPORTED = {
                "and images (a Qwen3-VL-style tower without deepstack); on cuda the DeltaNet layers run on "
                "the CPU backup)",
     "qwen3_5_moe": "Qwen3.5 MoE (as Qwen3.5, with routed experts and a gated shared expert)",
+    # MNN's newer exporter names a text-only Qwen3.5 (no vision tower in its config) by its text config
+    "qwen3_5_text": "Qwen3.5 text only (as Qwen3.5, without the vision tower)",
     # the ple_embeddings input gets ple_embed_file's rows; the exporter rotates the full layers' partial
     # rotary as the first rotary_dim dims, where HF's proportional rotary pairs dims half a head apart
     # the exporter writes every layer as full attention with rotary (attention_type full): mnngpu runs

@@ -18,31 +18,36 @@ from typing import Any
 from mnngpu.apps.families import family_facts
 from mnngpu.backend import registry
 from mnngpu.config import LlmConfig
+from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
 from mnngpu.ops import op_table
 from mnngpu.ops.routing import SPARSE_MOE
+from mnngpu.runtime.c4_ops import EXPORTED_FUSIONS, rewrite_exported_fusions
 from mnngpu.runtime.moe import moe_param
+from mnngpu.runtime.validate import needed_ops
 
 
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     """Facts about the model in `path` (its folder, or its config.json)."""
     config = LlmConfig.load(path, check_support=False)
     net = read_net(config.model_path)
+    runs = _as_loaded(net)
     weight_path = Path(config.weight_path)
     weights = WeightFile(weight_path) if weight_path.is_file() else None
-    linears = _linears(net, weights)
+    linears = _linears(runs, weights)
     return {
         "path": str(config.base_dir),
         "mnn_version": net.version,
-        "model": _model_facts(net, config, linears),
+        "model": _model_facts(runs, config, linears),
         "files": _file_sizes(Path(config.base_dir)),
         "weight_bytes": weights.size if weights is not None else 0,
         "quant": _quant_facts(linears),
         "ops": dict(sorted(Counter(op.type for op in net.ops).items())),
         "n_ops": len(net.ops),
         "n_subgraphs": len(net.subgraphs),
+        "rewritten": _rewritten_ops(net, runs),
         "moe": moe_facts(net, weights.size if weights is not None else 0),
         "family": family_facts(config.get("model_type")),
         "support": op_support(net),
@@ -90,6 +95,30 @@ def placement_on(path: str | os.PathLike, overrides: dict[str, Any]):
 def placement_rows(table) -> list[dict[str, str]]:
     return [{"node": p.node, "op_type": p.op_type, "backend": p.backend, "reason": p.reason}
             for p in table.entries.values()]
+
+
+def _as_loaded(net: Net) -> Net:
+    """The graph as the engine loads it (a C4 export's fused ops rewritten); the file's graph where
+    a damaged fused op stops that (loading names the op)."""
+    try:
+        return rewrite_exported_fusions(needed_ops(net))
+    except ModelFormatError:
+        return net
+
+
+def _rewritten_ops(net: Net, runs: Net) -> dict[str, dict[str, int]] | None:
+    """The newer export format's fused ops the file has, and the engine ops they become at load
+    (runtime/c4_ops.py), by type; None for a file without them."""
+    had = Counter(op.type for op in net.ops if op.type in EXPORTED_FUSIONS
+                  or (op.type == "LinearAttention" and getattr(op.param, "gate_fold", False)))
+    if not had:
+        return None
+    names = {op.name for op in net.ops}
+    made = Counter(op.type for op in runs.ops if op.name not in names or op.type != "LinearAttention")
+    before = Counter(op.type for op in net.ops)
+    return {"file": dict(sorted(had.items())),
+            "engine": dict(sorted((kind, made[kind] - before.get(kind, 0)) for kind in made
+                                  if made[kind] > before.get(kind, 0)))}
 
 
 def _linears(net: Net, weights: WeightFile | None) -> list[QuantizedLinear]:
@@ -355,6 +384,11 @@ def format_inspect_table(info: dict[str, Any]) -> str:
     by_count = sorted(info["ops"].items(), key=lambda item: (-item[1], item[0]))
     for i in range(0, len(by_count), 3):
         rows.append(("", "   ".join(f"{name:<14}{count:>5}" for name, count in by_count[i: i + 3])))
+    rewritten = info.get("rewritten")
+    if rewritten:
+        had = ", ".join(f"{name} {count}" for name, count in rewritten["file"].items())
+        made = ", ".join(f"{name} {count}" for name, count in rewritten["engine"].items())
+        rows.append(("fused ops", f"the file's {had} (MNN's newer export) run as {made}"))
     if info.get("moe"):
         rows.append(("experts", _moe_line(info["moe"], info["weight_bytes"])))
     rows.extend(_support_rows(info["family"], info["support"]))

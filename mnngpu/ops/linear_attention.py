@@ -9,7 +9,7 @@ What the exporter (llmexport) writes, and what MNN's CPU kernel reads:
              1 gate         (batch, seq, num_v_heads): the delta rule's log-decay (zeros for short_conv)
              2 beta         (batch, seq, num_v_heads): the delta rule's learning rate (zeros for short_conv)
              3 conv_weight  (conv channels, 1, kernel): a depthwise causal convolution, a Const
-    output   (batch, seq, num_v_heads, head_v_dim); (seq, num_v_heads * head_v_dim, 1, 1) in that region
+    output   (batch, seq, num_v_heads, head_v_dim); (seq * num_v_heads, head_v_dim, 1, 1) in that region
 
 Two modes (`attn_type`):
 
@@ -22,7 +22,8 @@ Two modes (`attn_type`):
   num_k_heads). With use_qk_l2norm, q and k are divided by sqrt(sum of squares + 1e-6); q is then
   scaled by 1 / sqrt(head_k_dim). Per token, with decay exp(gate) and beta:
       S <- exp(gate) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  out = S^T q
-  A table with gate_fold set (the decay computed inside the op) is refused at load (`decline_table`).
+  A table with gate_fold set (a C4 export: the decay computed inside the op from input 1 with
+  gate_coef and gate_bias, beta from input 2) is rewritten at load into this form (runtime/c4_ops.py).
 
 The op has no host rule (it reads and writes its state), so no backend folds it; a device backend
 without a kernel declines it (`NO_DEVICE_KERNEL`) and it runs on the CPU backup.
@@ -66,9 +67,6 @@ def decline_table(param: LinearAttentionParam) -> tuple[str, str] | None:
     if param.attn_type == GATED_DELTA_RULE and param.num_v_heads % param.num_k_heads:
         return "num_v_heads", (f"a multiple of num_k_heads ({param.num_k_heads}) for the gated delta rule's "
                                f"grouped heads, got {param.num_v_heads}")
-    if param.gate_fold:
-        return "gate_fold", ("gate_fold off: mnngpu takes the decay as input 1 and does not yet compute it "
-                             "inside the op from gate_coef and gate_bias")
     return None
 
 
@@ -153,6 +151,9 @@ def linear_attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.d
     problem = decline_table(param)
     if problem is not None:
         raise _error(node, *problem)
+    if param.gate_fold:
+        raise _error(node, "gate_fold", "a table with gate_fold rewritten at load into the gate and beta it "
+                                        "computes (runtime/c4_ops.py) before it runs")
     qkv = inputs[0].shape
     if not (len(qkv) == 3 or token_rows(qkv)) or qkv[1] != qkv_channels(param):
         raise _error(node, "head_v_dim", f"a qkv input (input 0) of (batch, {qkv_channels(param)}, seq) or "
@@ -162,7 +163,7 @@ def linear_attention(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.d
     if weight_problem is not None:
         raise _error(node, "head_v_dim", weight_problem)
     if token_rows(qkv):
-        return [((qkv[0], param.num_v_heads * param.head_v_dim, 1, 1), FLOAT)]
+        return [((qkv[0] * param.num_v_heads, param.head_v_dim, 1, 1), FLOAT)]
     return [((qkv[0], qkv[2], param.num_v_heads, param.head_v_dim), FLOAT)]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnngpu.errors import WeightFileError
+from mnngpu.errors import ModelFormatError, WeightFileError
 from mnngpu.format.params import LayerNorm
 from mnngpu.format.weights import WeightFile, read_floats
 from mnngpu.ops.common import ALWAYS, OpType, Shape
@@ -65,12 +65,26 @@ def device_weights(node, upload) -> tuple:
 
 
 def decline(inputs, outputs, node) -> str | None:
-    """The form the device kernels do not take (it runs on the CPU backup)."""
-    if len(inputs) > 1:
-        return "a LayerNorm fused with its residual add (two inputs) has no device kernel yet"
+    """The form the device kernels do not take (it runs on the CPU backup): a residual add whose
+    sum is not an output of the op, or whose addends differ in shape."""
+    if len(inputs) > 1 and (len(outputs) < 2 or inputs[0].shape != inputs[1].shape):
+        return ("a LayerNorm fused with its residual add has a device kernel only where the sum is its first "
+                "output and the addends have one shape")
     return None
+
+
+def gated_rms_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
+    """MNN's GatedRMSNorm (a C4 export, rewritten at load by runtime/c4_ops.py): x's rows normed, laid
+    out as z, times silu(z): z's shape."""
+    x, z = inputs[0], inputs[1]
+    if x.size != z.size:
+        raise ModelFormatError(f"a GatedRMSNorm of x and z with as many values, got {x.shape} and {z.shape}",
+                               field=node.name)
+    return [(z.shape, z.dtype)]
 
 
 ROWS = {
     "LayerNorm": OpType(layer_norm, param="LayerNorm", param_required=ALWAYS, weights=layer_norm_weights),
+    "GatedRMSNorm": OpType(gated_rms_norm, param="LayerNorm", param_required=ALWAYS, min_inputs=2,
+                           runs_as="LayerNorm"),
 }

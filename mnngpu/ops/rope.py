@@ -1,6 +1,9 @@
-"""Rotary position embedding: the engine's fused rotate-half node (runtime/fusion.py matches the
-exported pattern and checks its split at resize). MNN has its own RoPE op (306), which is not
-this node."""
+"""Rotary position embedding: the engine's fused rotate-half node, and MNN's RoPE op (306).
+
+The engine's node (ROPE) is made two ways: runtime/fusion.py matches an old export's rotate-half
+pattern and checks its split at resize; runtime/c4_ops.py rewrites MNN's RoPE op (a C4 export:
+q and k as [seq, heads*head_dim, 1, 1], each head RMS-normed by q_norm/k_norm, then rotated) into a
+Reshape, a LayerNorm and a ROPE node of known split per tensor."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mnngpu.ops.common import FUSED_PREFIX, OpType, same
+from mnngpu.errors import ModelFormatError
+from mnngpu.ops.common import ALWAYS, FUSED_PREFIX, OpType, Shape, same
 from mnngpu.ops.movement import strided_slice
 
 if TYPE_CHECKING:
@@ -17,8 +21,22 @@ if TYPE_CHECKING:
 
 ROPE = FUSED_PREFIX + "RoPE"
 
+
+def exported_rope(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """MNN's RoPE: q [seq, heads*head_dim, 1, 1] and k -> (1, seq, heads, head_dim) each."""
+    p = node.param
+    shapes = []
+    for what, x, heads in (("q", inputs[0], p.num_head), ("k", inputs[1], p.kv_num_head)):
+        if len(x.shape) != 4 or x.shape[2:] != (1, 1) or x.shape[1] != heads * p.head_dim:
+            raise ModelFormatError(f"RoPE {what} of shape [seq, {heads}*{p.head_dim}, 1, 1] (its num_head, "
+                                   f"kv_num_head and head_dim), got {x.shape}", field=node.name)
+        shapes.append(((1, x.shape[0], heads, p.head_dim), x.dtype))
+    return shapes
+
+
 ROWS = {
     ROPE: OpType(same, fuses="x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half)"),
+    "RoPE": OpType(exported_rope, param="RoPEParam", param_required=ALWAYS, min_inputs=4, runs_as=ROPE),
 }
 
 
@@ -27,13 +45,21 @@ class RoPEParam:
     """The rotate-half pattern. `ops` are the original ops (global tensor ids); `inputs` maps a
     fused-node input position to its global tensor id, `output` is the pattern's result id."""
 
-    slice_hi: Node        # x[..., s:]  (negated)
-    slice_lo: Node        # x[..., :s]
-    n_hi: int             # bound inputs of slice_hi (after x); slice_lo's follow them
-    concat_axis: int
+    slice_hi: Node | None = None   # x[..., s:]  (negated)
+    slice_lo: Node | None = None   # x[..., :s]
+    n_hi: int = 0                  # bound inputs of slice_hi (after x); slice_lo's follow them
+    concat_axis: int = -1
+    split: int | None = None       # known at load (MNN's RoPE op): no slices to check
+    rotary_dim: int | None = None  # only x[..., :rotary_dim] rotates (split within it), the rest is copied
     ops: list = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     output: int = -1
+
+
+def rotary_width(node: Node, x: Tensor) -> int:
+    """How many leading dims of x's last axis rotate (cos and sin hold rows of this many)."""
+    rotary_dim = getattr(node.param, "rotary_dim", None)
+    return rotary_dim if rotary_dim is not None else x.shape[-1]
 
 
 def rope_split(node: Node, inputs: list[Tensor]) -> int | None:
@@ -41,6 +67,9 @@ def rope_split(node: Node, inputs: list[Tensor]) -> int | None:
     x[..., s:] and x[..., :s] along the last axis (then evaluate `param.ops` as exported)."""
     p: RoPEParam = node.param
     x = inputs[0]
+    if p.split is not None:
+        rotated = rotary_width(node, x)
+        return p.split if len(x.shape) >= 1 and rotated == 2 * p.split <= x.shape[-1] else None
     bounds = inputs[3:]
     if any(t.host is None for t in bounds) or len(x.shape) < 1:
         return None
@@ -60,3 +89,23 @@ def rope_split(node: Node, inputs: list[Tensor]) -> int | None:
             and np.array_equal(lo, np.broadcast_to(np.arange(split), lo.shape))):
         return None
     return split
+
+
+def rotate_half_split(node: Node, inputs: list[Tensor]) -> int | None:
+    """The split of a ROPE node in the form one kernel takes: x (1, seq, heads, dim), cos and sin one
+    row of the rotated width per position (shared by the heads), the slices a rotate-half; else None."""
+    x, cos, sin = inputs[:3]
+    if len(x.shape) != 4 or x.shape[0] != 1:
+        return None
+    row = (1, x.shape[1], 1, rotary_width(node, x))
+    if any(tuple(t.shape) not in (row, row[1:]) for t in (cos, sin)):
+        return None
+    return rope_split(node, inputs)
+
+
+def rows_error(node: Node, inputs: list[Tensor]) -> ModelFormatError:
+    """For a ROPE node with no exported ops to fall back on (MNN's RoPE op, rewritten at load) whose
+    inputs are not in the form rotate_half_split takes."""
+    x, cos, sin = inputs[:3]
+    return ModelFormatError(f"RoPE of x {x.shape} with one (cos, sin) row of {rotary_width(node, x)} per "
+                            f"position, got cos {cos.shape} and sin {sin.shape}", field=node.name)

@@ -13,6 +13,7 @@ import numpy as np
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net
 from mnngpu.format.weights import WeightFile
+from mnngpu.runtime.c4_ops import rewrite_exported_fusions
 from mnngpu.runtime.moe import inline_experts
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.static_module import StaticModule
@@ -21,7 +22,7 @@ from mnngpu.runtime.static_module import StaticModule
 class PipelineModule:
     def __init__(self, net: Net, weights: WeightFile, runtime: RuntimeManager, rearrange: bool = True,
                  base: StaticModule | None = None):
-        net = inline_experts(net)
+        net = inline_experts(rewrite_exported_fusions(net))
         self.input_names = [op.name for op in net.ops if op.type == "Input"]
         self.output_names = list(net.output_names)
         unknown = [n for n in self.output_names if n not in net.tensor_names]

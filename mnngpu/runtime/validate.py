@@ -6,6 +6,8 @@ the runtime will ask of the graph. A damaged or mismatched folder fails here, wi
 ModelFormatError or ConfigError naming the file and the op or key, instead of an IndexError
 or a wrong shape at the first forward:
 
+* only the ops the outputs need are kept, as MNN builds its graph back from the outputs (a C4
+  export leaves dead chains that read a tensor no op writes);
 * the graph is well formed for running: every op type is one mnngpu runs, every op has the
   parameter table and the inputs its op type needs, every tensor is produced once and before
   it is read, the graph takes only the inputs `Llm` feeds and gives `logits`;
@@ -21,6 +23,8 @@ or a wrong shape at the first forward:
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from mnngpu.backend.kv import CacheLayout
 from mnngpu.config import LlmConfig
@@ -49,7 +53,7 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
     if config.get("has_deepstack") and not config.get("is_visual"):
         raise _config_error(config, "has_deepstack", "false for a model without vision (is_visual false): "
                                                      "deepstack rows come from the vision graph")
-    net = read_net(config.model_path)
+    net = needed_ops(read_net(config.model_path))
     extra = tuple(feed for key, feed in OPTIONAL_FEEDS.items() if config.get(key) and feed in graph_inputs(net))
     check_ple_input(net, config)
     check_graph(net, extra + ((PLE_FEED,) if uses_ple(config) else ()))
@@ -58,6 +62,17 @@ def validate_model(config: LlmConfig, embedding: DiskEmbedding) -> Net:
 
 
 # ---- the graph on its own ----------------------------------------------------------------
+
+def needed_ops(net: Net) -> Net:
+    """The graph without the ops no output needs (its Input ops all stay: Llm feeds them)."""
+    needed = {net.tensor_names.index(name) for name in net.output_names if name in net.tensor_names}
+    kept = []
+    for op in reversed(net.ops):
+        if op.type == "Input" or needed.intersection(op.outputs):
+            kept.append(op)
+            needed.update(op.inputs)
+    return net if len(kept) == len(net.ops) else replace(net, ops=kept[::-1])
+
 
 def runnable_op_types() -> set[str]:
     """The op types a graph may use: the op table's (less the engine's own fused nodes) and the sources."""

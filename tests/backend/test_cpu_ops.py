@@ -49,11 +49,15 @@ def cpu_linear(x: np.ndarray, weight: QuantizedLinear, dense: np.ndarray, precis
     return linear_reference(reference.integer_chunks(x), levels, weight.bias) + x.astype(np.float64) @ zeros.T
 
 
-def lane_weights(weight: QuantizedLinear, pairs: np.ndarray | None = None, k: float = 0.0):
+def lane_weights(weight: QuantizedLinear, pairs: np.ndarray | None = None, k: float | None = None):
     """(codes * scale, k * scale + min) float64 [oc, ic] of an int4 layer as its lane groups hold
     it, each block's (min, scale) in float16: the file's `pairs` [oc, blocks, (min, scale)] with
-    w = (code + k) * scale + min, or else the decoder's scales and zeros (k 0)."""
-    low, scale = (pairs[..., 0], pairs[..., 1]) if pairs is not None else (weight.zeros, weight.scales)
+    w = (code + k) * scale + min, or else the decoder's scales and zeros with the codes centred as
+    the file's are (k = -2^(bits-1), min = zeros - k * scale in float32)."""
+    if pairs is None:
+        k = -float(1 << (weight.bits - 1))
+        pairs = np.stack([weight.zeros - np.float32(k) * weight.scales, weight.scales], axis=-1)
+    low, scale = pairs[..., 0], pairs[..., 1]
     scale = np.repeat(scale.astype(np.float16).astype(np.float64), weight.block_size, axis=1)
     low = np.repeat(low.astype(np.float16).astype(np.float64), weight.block_size, axis=1)
     return weight.unpacked_codes().astype(np.float64) * scale, k * scale + low

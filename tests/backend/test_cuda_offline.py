@@ -73,6 +73,22 @@ def test_every_launch_of_a_model_matches_its_kernel_signature():
     assert any(name.startswith("gemv_") and name.endswith("_tokens") for name in launched)
 
 
+@pytest.mark.parametrize("name", ["qwen3_c4", "phi2_c4"])
+def test_a_c4_export_runs_its_fused_layer_on_the_device(name):
+    """MNN's newer export (FusedLinear with its norm, RoPE with q/k norm or a partial rotary): the
+    residual norms (an add and a layer_norm launch) and the rotary (rope_rotate_half) run as CUDA
+    launches whose arguments match their kernels, none on the CPU backup."""
+    model = mnngpu_llm.create(FIXTURES / name)
+    model.set_config({"backend_type": "cuda", "precision": "high"})
+    model.load()
+    model.forward(model.tokenizer_encode("hello"))
+    model.forward([1])
+    fallen = {p.op_type for p in model.runtime.placements.fallbacks}
+    assert not fallen & {"LayerNorm", "fused.RoPE"}, fallen
+    launched = {name for name, kernel in kernels(model.runtime.backend()).items() if kernel.launches}
+    assert {"rope_rotate_half", "layer_norm", "binary_same"} <= launched
+
+
 # ---- one Attention op, several sequences ------------------------------------------------------------------
 
 HEADS, KV_HEADS, DIM = 4, 2, 8

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conformance.test_fixture_models import load
-from tests.conftest import FIXTURES, MODEL_NAMES, reference
+from tests.conftest import MODEL_NAMES, hf_dir, reference
 
 # the engine may be this much (in logit std units) further from the float64 truth than MNN is
 SLACK = 1e-3
@@ -60,7 +60,7 @@ def fake_quantize(weight: np.ndarray, bits: int, block: int, symmetric: bool) ->
 def float64_source_model(name: str, options: dict):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name / "hf", dtype=torch.float64,
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir(name), dtype=torch.float64,
                                                               experts_implementation="eager")
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head.weight.data_ptr() == embed.weight.data_ptr()

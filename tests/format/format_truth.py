@@ -19,7 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import hf_dir
+
 FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+# a newer-format fixture's dump by the converter that wrote it (tools/make_fixtures.py: CONVERTER_TRUTH)
+CONVERTER_TRUTH = "mnnconvert.json"
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES_DIR.glob("*") if (p / "llm.mnn").is_file())
 
 needs_fixtures = pytest.mark.skipif(not FIXTURE_NAMES, reason="no fixture models under tests/fixtures/models")
@@ -38,7 +42,7 @@ def llm_config(name: str) -> dict:
 
 
 def hf_config(name: str) -> dict:
-    return json.loads((fixture_dir(name) / "hf" / "config.json").read_text())
+    return json.loads((hf_dir(name) / "config.json").read_text())
 
 
 _SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4"}
@@ -64,7 +68,7 @@ def load_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def hf_tensors(name: str) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
-    for path in sorted((fixture_dir(name) / "hf").glob("*.safetensors")):
+    for path in sorted(hf_dir(name).glob("*.safetensors")):
         tensors.update(load_safetensors(path))
     for gate in [key for key in tensors if key.endswith(".gate_proj.weight") and ".experts." in key]:
         # the exporter writes an expert's gate and up projections as one gate_up linear, gate rows first
@@ -140,6 +144,29 @@ def family(hf: dict) -> str:
     return EXPORTED_FAMILY.get(hf["model_type"], hf["model_type"])
 
 
+def fixture_family(name: str) -> str:
+    """The model_type the fixture's exporter wrote: a newer-format fixture was exported from the committed
+    source as it is (a text-only config keeps its text model_type), the others from the full model."""
+    hf = hf_config(name)
+    return hf["model_type"] if "hf_from" in reference(name) else family(hf)
+
+
+def linear_layers(net) -> list[tuple[str, object]]:
+    """(name, Convolution2D) of every linear layer, a MoE export's experts and a newer export's FusedLinear
+    projections included: q, k, v[, z] named by their outputs (MNN's converter keeps each member's op
+    name as its output's), gate and up by the op's name (the gate's) and the up_proj beside it."""
+    found = []
+    for graph in (net, *net.subgraphs):
+        for op in graph.ops:
+            if op.type == "Convolution":
+                found.append((op.name, op.param))
+            elif op.type == "FusedLinear" and op.param.act_silu_mul:
+                found += [(op.name, op.param.convs[0]), (op.name.replace("gate_proj", "up_proj"), op.param.convs[1])]
+            elif op.type == "FusedLinear":
+                found += [(graph.tensor_names[t], conv) for t, conv in zip(op.outputs, op.param.convs)]
+    return found
+
+
 def expert_count(hf: dict) -> int:
     return hf.get("num_local_experts") or hf.get("num_experts") or 0
 
@@ -154,6 +181,28 @@ def hf_linear_name(op_name: str, tensors: dict) -> str:
         return f"model.layers.{layer}.mlp.experts.{index}.{proj}.weight"
     parts = [p for p in op_name.split("/") if p and p != "Linear"]
     return in_checkpoint("model." + ".".join(parts) + ".weight", tensors)
+
+
+# MNN's newer exporter splits a gated query projection (Qwen3.5's q_proj: per head the query's rows,
+# then its output gate's) into q_proj and q_gate_proj, one FusedLinear member each
+SPLIT_GATE = "q_gate_proj"
+
+
+def hf_linear_truth(op_name: str, tensors: dict, hf: dict, rows: int) -> np.ndarray:
+    """The source weight of a linear layer of `rows` outputs: hf_linear_name's tensor, or for a split
+    gated query (SPLIT_GATE) the query's or the gate's rows of the source q_proj."""
+    gated = op_name.replace(SPLIT_GATE, "q_proj")
+    truth = tensors[hf_linear_name(gated, tensors)]
+    if truth.shape[0] != 2 * rows or "q_proj" not in gated:
+        return truth
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_head = truth.reshape(-1, 2, head_dim, truth.shape[1])
+    return per_head[:, 1 if SPLIT_GATE in op_name else 0].reshape(rows, truth.shape[1])
+
+
+def split_projections(net) -> int:
+    """How many gated query projections the export split in two (SPLIT_GATE)."""
+    return sum(SPLIT_GATE in name for name, _ in linear_layers(net))
 
 
 # A recurrent layer's own linear layers, by HF's layer_types name: LFM2's short convolution (in_proj,
@@ -246,6 +295,8 @@ def mismatches(value, expected, where: str) -> list[str]:
         return found
     if isinstance(value, np.ndarray):
         value = value.tolist()
+    if isinstance(expected, dict) and "summary_of" in expected and isinstance(value, list):
+        return _summary_mismatches(value, expected, where)
     if isinstance(value, list) and isinstance(expected, list):
         if len(value) != len(expected):
             return [f"{where}: {len(value)} items, JSON has {len(expected)}"]
@@ -257,6 +308,17 @@ def mismatches(value, expected, where: str) -> list[str]:
     if type(value) is not type(expected) or value != expected:
         return [f"{where}: decoded {value!r}, JSON has {expected!r}"]
     return []
+
+
+def _summary_mismatches(value: list, summary: dict, where: str) -> list[str]:
+    """A long vector the committed dump keeps as {"summary_of": length, "head", "tail", "sum"}."""
+    if len(value) != summary["summary_of"]:
+        return [f"{where}: {len(value)} items, JSON has {summary['summary_of']}"]
+    found = mismatches(value[:4], summary["head"], f"{where}[:4]") + mismatches(value[-4:], summary["tail"],
+                                                                                 f"{where}[-4:]")
+    if not math.isclose(sum(value), summary["sum"], rel_tol=1e-5, abs_tol=1e-3):
+        found.append(f"{where}: sums to {sum(value)}, JSON's sums to {summary['sum']}")
+    return found
 
 
 def _is_default(ours, default) -> bool:

@@ -8,15 +8,17 @@ import json
 import pytest
 
 from mnngpu.apps.inspect import format_inspect_table, inspect_model
+from mnngpu.format import read_net
 from tests.format.format_truth import (
     FIXTURE_NAMES,
     expert_count,
-    family,
     fixture_dir,
+    fixture_family,
     hf_config,
     linears_in_layers,
     needs_fixtures,
     reference,
+    split_projections,
 )
 
 # HF's layer_types of a hybrid model: the layers that keep a recurrent state instead of a KV cache,
@@ -46,7 +48,7 @@ def test_inspect_reports_the_source_model(name):
     assert info["n_subgraphs"] == expert_count(hf) * hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
     assert info["model"] == {
-        "type": family(hf), "hidden_size": hf["hidden_size"], "layers": hf["num_hidden_layers"],
+        "type": fixture_family(name), "hidden_size": hf["hidden_size"], "layers": hf["num_hidden_layers"],
         "linear_layers": sum(kind in RECURRENT_LAYER_TYPES for kind in hf.get("layer_types") or []),
         "layer_kinds": hf_layer_kinds(hf),
         "heads": heads, "kv_heads": hf["num_key_value_heads"],
@@ -65,10 +67,11 @@ def test_inspect_reports_the_source_model(name):
     if bits > 8:  # float weights: no blocks, no zero points
         want = {"bits": bits, "mixed": False}
     summary = info["quant"]["summary"]
-    assert {k: summary[k] for k in want} == want and summary["count"] == linears_in_layers(hf)
+    split = split_projections(read_net(folder / "llm.mnn"))
+    assert {k: summary[k] for k in want} == want and summary["count"] == linears_in_layers(hf) + split
     lm_head = info["quant"]["lm_head"]
     assert lm_head["bits"] == export_arg(args, "--lm_quant_bit", bits)
-    assert len(info["quant"]["layers"]) == linears_in_layers(hf) + 1
+    assert len(info["quant"]["layers"]) == linears_in_layers(hf) + split + 1
 
     assert info["files"] == {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
     assert info["weight_bytes"] == (folder / "llm.mnn.weight").stat().st_size

@@ -21,7 +21,7 @@ from mnngpu.format.enums import OP_TYPE
 from mnngpu.ops import op_table
 from mnngpu.ops.routing import SPARSE_MOE
 from tests.format import fb_writer as fbw
-from tests.format.format_truth import FIXTURE_NAMES, family, fixture_dir, hf_config, needs_fixtures, reference
+from tests.format.format_truth import FIXTURE_NAMES, fixture_dir, fixture_family, needs_fixtures, reference
 
 TYPE_CODE = {name: code for code, name in OP_TYPE.items()}
 # The package each device backend drives its device through, as pyproject.toml's extras install them.
@@ -44,7 +44,7 @@ def executions(backend_type: str) -> set[str] | None:
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name):
     info = inspect_model(fixture_dir(name))
-    assert info["family"]["model_type"] == family(hf_config(name)) and info["family"]["supported"]
+    assert info["family"]["model_type"] == fixture_family(name) and info["family"]["supported"]
     support = info["support"]
     ref = reference(name)
     counts = Counter(ref["op_counts"]) + Counter(ref.get("subgraph_op_counts", {}))   # a MoE export's experts
@@ -70,10 +70,10 @@ def test_fixture_family_is_supported_and_every_op_type_runs_on_its_backends(name
 
 
 def write_model(folder, model_type: str | None, **llm_config) -> None:
-    """A folder whose graph feeds its input through MNN's own RoPE op (306), which no backend runs."""
+    """A folder whose graph feeds its input through MNN's FmhaV2 op (300), which no backend runs."""
     b = flatbuffers.Builder(0)
     ops = [fbw.op(b, "x", TYPE_CODE["Input"], 0, None, [], [0]),
-           fbw.op(b, "rope", TYPE_CODE["RoPE"], 0, None, [0], [1])]
+           fbw.op(b, "fmha", TYPE_CODE["FmhaV2"], 0, None, [0], [1])]
     folder.mkdir()
     (folder / "llm.mnn").write_bytes(fbw.net(b, ops, ["x", "y"], ["y"]))
     (folder / "config.json").write_text(json.dumps({"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight"}))
@@ -91,15 +91,15 @@ def test_an_op_no_backend_runs_and_an_unknown_family_are_named_not_a_crash(tmp_p
     assert main(["inspect", "--json", str(folder)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["family"]["model_type"] == "gemma9" and not info["family"]["supported"]
-    assert info["support"]["unsupported"] == ["RoPE"] and not info["support"]["all_supported"]
-    assert info["support"]["ops"]["RoPE"] == {"count": 1, "host": False, "backends": []}
+    assert info["support"]["unsupported"] == ["FmhaV2"] and not info["support"]["all_supported"]
+    assert info["support"]["ops"]["FmhaV2"] == {"count": 1, "host": False, "backends": []}
 
     assert main(["inspect", str(folder)]) == 0
     lines = capsys.readouterr().out.splitlines()
     family = [line for line in lines if line.startswith("family")]
     assert len(family) == 1 and "gemma9: NOT SUPPORTED; not a family mnngpu supports" in family[0]
     assert "qwen2" in family[0]
-    assert any(line.startswith("ops") and "NOT SUPPORTED by any backend: RoPE (1)" in line for line in lines)
+    assert any(line.startswith("ops") and "NOT SUPPORTED by any backend: FmhaV2 (1)" in line for line in lines)
     for backend_type in REGISTRY:
         row = next(line for line in lines if line.split()[0] == backend_type)
         assert "cannot run this graph" in row or "not installed here" in row

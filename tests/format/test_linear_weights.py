@@ -25,10 +25,13 @@ from tests.format.format_truth import (
     fixture_dir,
     hf_config,
     hf_linear_name,
+    hf_linear_truth,
     hf_norm_name,
     hf_tensors,
+    linear_layers,
     linears_in_layers,
     needs_fixtures,
+    split_projections,
 )
 
 
@@ -65,18 +68,23 @@ def section(weights_bytes: bytes, conv):
     return blob, alpha, bias
 
 
-def step_error(ours: np.ndarray, truth: np.ndarray, scale: np.ndarray, low, bits: int, bf16_source: bool) -> float:
+def step_error(ours: np.ndarray, truth: np.ndarray, scale: np.ndarray, low, bits: int, bf16_source: bool,
+               fp16_scales: bool = False) -> float:
     """The worst |ours - truth| over its allowance; <= 1 passes.
 
     The allowance is half a quantization step (plus float rounding). When the checkpoint is
     bf16 the exporter quantizes in bf16 arithmetic, which keeps 8 significant bits: the code
     it computes, up to 2^bits, and the value it subtracts the minimum from are each off by up
     to 2^-8 relative, so bf16 sources get 2^(bits-7) steps and 2^-7 of |w - min| + |min| more
-    (twice that analysis)."""
+    (twice that analysis). Scales stored as fp16 (MNN's newer exporter, --scale_bit 16) and the
+    minimum beside them are each rounded by up to 2^-11 relative after the codes were chosen: up
+    to 2^bits - 1 codes times that of the step, and that of |min|, more."""
     scale = np.abs(scale)
     allowance = scale / 2 * (1 + 1e-4) + 1e-6
     if bf16_source:
         allowance = allowance + scale * 2.0 ** (bits - 7) + 2.0**-7 * (np.abs(truth - low) + np.abs(low))
+    if fp16_scales:
+        allowance = allowance + 2.0**-11 * (scale * (2**bits - 1) + np.abs(low))
     return float(np.max(np.abs(ours - truth) / allowance))
 
 
@@ -93,33 +101,34 @@ def test_every_linear_layer_within_half_a_step_of_hf(name):
     raw = (folder / "llm.mnn.weight").read_bytes()
     weights = WeightFile(folder / "llm.mnn.weight")
     bf16_source = bf16_checkpoint(name)
-    convs = [op for graph in [net, *net.subgraphs] for op in graph.ops if op.type == "Convolution"]
-    assert len(convs) == linears_in_layers(hf_config(name)) + 1
-    for op in convs:
-        conv, lin = op.param, read_linear(weights, op.param, op.name)
-        truth = tensors[hf_linear_name(op.name, tensors)]
+    convs = linear_layers(net)
+    assert len(convs) == linears_in_layers(hf_config(name)) + split_projections(net) + 1
+    for op_name, conv in convs:
+        lin = read_linear(weights, conv, op_name)
+        truth = hf_linear_truth(op_name, tensors, hf_config(name), lin.oc)
         assert truth.shape == (lin.oc, lin.ic)
         if not lin.is_quantized:  # --quant_bit 16: the source weights rounded to fp16
             assert lin.bits == 16 and not bf16_source
-            np.testing.assert_array_equal(lin.dequantize(), truth.astype(np.float16).astype(np.float32), op.name)
+            np.testing.assert_array_equal(lin.dequantize(), truth.astype(np.float16).astype(np.float32), op_name)
             continue
         quan = conv.quanParameter
         blob, alpha, bias = section(raw, conv)
         expected, scale, low, bits = mnn_weight(blob, alpha, lin.oc, lin.ic, quan.shapeInt32, quan.readType != 0)
         assert lin.bits == bits and lin.bits == quan.aMaxOrBits
         ours = lin.dequantize()
-        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6, err_msg=op.name)
-        assert step_error(expected, truth, scale, low, bits, bf16_source) <= 1.0, op.name
-        assert step_error(ours, truth, scale, low, bits, bf16_source) <= 1.0, op.name
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6, err_msg=op_name)
+        fp16_scales = quan.scaleStorage == "FP16"
+        assert step_error(expected, truth, scale, low, bits, bf16_source, fp16_scales) <= 1.0, op_name
+        assert step_error(ours, truth, scale, low, bits, bf16_source, fp16_scales) <= 1.0, op_name
         codes = lin.unpacked_codes()
         assert codes.shape == (lin.oc, lin.ic) and int(codes.max()) < 2**lin.bits
         assert not lin.codes.flags.writeable, "4/8-bit codes should be views of the read-only mapping"
-        bias_name = hf_linear_name(op.name, tensors).replace(".weight", ".bias")
+        bias_name = hf_linear_name(op_name, tensors).replace(".weight", ".bias")
         if bias_name in tensors:
             np.testing.assert_array_equal(lin.bias, tensors[bias_name])
             np.testing.assert_array_equal(lin.bias, bias)
         elif lin.bias is not None:   # Phi-3's split qkv_proj is written with a zero bias
-            assert not lin.bias.any() and not bias.any(), op.name
+            assert not lin.bias.any() and not bias.any(), op_name
         else:
             assert bias.size == 0
 

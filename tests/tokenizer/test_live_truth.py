@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mnngpu.tokenizer import load_tokenizer
+from tests.conftest import hf_dir
 from tests.tokenizer.tokenizer_fixtures import MODEL_FIXTURES, encodes_as_source, tokenizer
 from tools.make_tokenizer_fixtures import FIXTURE_NAMES, FIXTURE_ROOT, reference
 from tools.mnn_tokenizer import mnn_available, run_mnn_tokenizer
@@ -82,7 +83,7 @@ def test_random_text_encodes_as_mnn_does_with_a_unigram_mtok(mnn):
 def test_model_fixture_mtok_encodes_as_its_tokenizer_json(tokenizer_path):
     from tokenizers import Tokenizer as HfTokenizer
 
-    source = HfTokenizer.from_file(str(tokenizer_path.parent / "hf" / "tokenizer.json"))
+    source = HfTokenizer.from_file(str(hf_dir(tokenizer_path.parent.name) / "tokenizer.json"))
     tok = load_tokenizer(tokenizer_path.parent, "tokenizer.mtok")
     specials = [t.content for t in source.get_added_tokens_decoder().values()]
     texts = [c["text"] for c in reference("mtok_qwen")["cases"]] + [f"a{s} b{s}\n" for s in specials]

@@ -81,8 +81,11 @@ def _file_layout(weight, param) -> PackedLinear:
     k = _code_offset(weight, raw) if raw is not None else None
     if k is not None:
         return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, codes, raw, k, bias, in_place=True)
-    alpha = np.stack([weight.zeros, weight.scales], axis=-1).astype(np.float32)
-    return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, codes, alpha, np.float32(0), bias)
+    # codes centred as the file's fp32 pairs are (k = -2^(bits-1)): an activation quantized to int16
+    # (precision low) then errs against weights around zero, not around half the code range
+    k = np.float32(-(1 << (weight.bits - 1)))
+    alpha = np.stack([weight.zeros - k * weight.scales, weight.scales], axis=-1).astype(np.float32)
+    return PackedLinear(weight.oc, weight.ic, weight.block_size, nibbles, codes, alpha, k, bias)
 
 
 def _file_alpha(weight, param) -> np.ndarray | None:

@@ -1,4 +1,5 @@
-"""The fused rotary embedding (runtime/fusion.py's ROPE node): one pass instead of seven ops.
+"""The fused rotary embedding (the ROPE node of runtime/fusion.py and runtime/c4_ops.py): one pass
+instead of seven ops.
 
     out = x * cos + rotate(x) * sin,   rotate(x) = concat(-x[..., s:], x[..., :s])
 x (1, seq, heads, dim); cos, sin hold one row of `dim` per position, shared by the heads.
@@ -12,7 +13,7 @@ import numpy as np
 from mnngpu import jit
 from mnngpu.backends.cpu.ops.base import CPUExecution
 from mnngpu.ops.op_table import evaluate_rope_ops
-from mnngpu.ops.rope import ROPE, rope_split
+from mnngpu.ops.rope import ROPE, rotary_width, rotate_half_split, rows_error
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
@@ -37,15 +38,13 @@ def rope_rotate_half_numpy(x, cos, sin, split, out):
 
 
 class CPURoPE(CPUExecution):
+    """A partial rotation (MNN's RoPE with rope_cut_head_dim) rotates x[..., :rotary] and copies the rest."""
+
     def plan(self, inputs, outputs):
-        x, cos, sin = inputs[:3]
-        self.split = rope_split(self.node, inputs)
-        if len(x.shape) != 4 or x.shape[0] != 1:
-            self.split = None
-        else:
-            row = (1, x.shape[1], 1, x.shape[3])
-            if any(t.shape not in (row, row[1:]) for t in (cos, sin)):
-                self.split = None   # not one (cos, sin) row per position: run the ops as exported
+        self.split = rotate_half_split(self.node, inputs)   # None: run the ops as exported
+        self.rotary = rotary_width(self.node, inputs[0])
+        if self.split is None and not self.node.param.ops:
+            raise rows_error(self.node, inputs)
 
     def bind(self):
         values = [self.value(t) for t in self.inputs]
@@ -55,15 +54,19 @@ class CPURoPE(CPUExecution):
             return
         x, cos, sin = values[:3]
         seq, heads, dim = x.shape[1:]
-        self.args = (x.reshape(seq, heads, dim), cos.reshape(seq, dim), sin.reshape(seq, dim), self.split,
-                     self.out.reshape(seq, heads, dim))
+        x, out, rotary = x.reshape(seq, heads, dim), self.out.reshape(seq, heads, dim), self.rotary
+        self.kept = (out[:, :, rotary:], x[:, :, rotary:]) if rotary < dim else None
+        self.args = (x[:, :, :rotary], cos.reshape(seq, rotary), sin.reshape(seq, rotary), self.split,
+                     out[:, :, :rotary])
         self.rotate = jit.runnable(rope_rotate_half, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if self.split is None:
             np.copyto(self.out, evaluate_rope_ops(self.node, self.args), casting="unsafe")
-        else:
-            self.rotate(*self.args)
+            return
+        self.rotate(*self.args)
+        if self.kept is not None:
+            np.copyto(*self.kept)
 
 
 # This family's rows of the backend's op table (ops/__init__.py merges the families).

@@ -3,7 +3,7 @@
 have no kernels here yet: CUDABackend.caps says why they run on the CPU backup."""
 
 from mnngpu.backend import merged_table
-from mnngpu.backends.cuda.ops import attention, elementwise, linear, movement, norm
+from mnngpu.backends.cuda.ops import attention, elementwise, linear, movement, norm, rope
 
-FAMILIES = (movement, elementwise, linear, norm, attention)
+FAMILIES = (movement, elementwise, linear, norm, rope, attention)
 EXECUTIONS = merged_table(FAMILIES)

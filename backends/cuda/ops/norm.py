@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mnngpu.backends.cuda.device import BLOCK, grid_for
 from mnngpu.backends.cuda.ops.base import CUDAExecution
 from mnngpu.ops import norm
+from mnngpu.ops.elementwise import BINARY_CODES
 
 
 def norm_threads(cols: int) -> int:
@@ -27,9 +29,16 @@ class CUDALayerNorm(CUDAExecution):
         cols = norm.norm_width(p, inputs[0].shape)
         rows = inputs[0].size // max(1, cols)
         gamma, beta = self.node.weights["cuda"]
+        x = inputs[0]
+        if len(inputs) > 1:   # the residual sum first, into output 0; its norm goes to output 1
+            n = np.int32(x.size)
+            self.prepare("elementwise.cu", "binary_same", grid_for(n), (BLOCK,),
+                         (np.int32(BINARY_CODES["ADD"]), n, backend._buffer(x), backend._buffer(inputs[1]),
+                          backend._buffer(outputs[0])))
+            x = outputs[0]
         args = (np.int32(cols), np.int32(bool(p.useRMSNorm)), np.float32(p.epsilon),
-                backend._buffer(inputs[0]), backend._or_placeholder(gamma), np.int32(gamma is not None),
-                backend._or_placeholder(beta), np.int32(beta is not None), backend._buffer(outputs[0]))
+                backend._buffer(x), backend._or_placeholder(gamma), np.int32(gamma is not None),
+                backend._or_placeholder(beta), np.int32(beta is not None), backend._buffer(outputs[-1]))
         self.prepare("norm.cu", "layer_norm", (max(1, rows),), (norm_threads(cols),), args)
 
 

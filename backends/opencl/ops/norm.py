@@ -23,11 +23,14 @@ class OpenCLLayerNorm(OpenCLExecution):
     def plan(self, inputs, outputs):
         p = self.node.param
         x = inputs[0]
+        if len(inputs) > 1:   # the residual sum first, into output 0; its norm goes to output 1
+            self.prepare("elementwise.cl", "binary_flat_ADD", [outputs[0], x, inputs[1], np.int32(x.size)], (x.size,))
+            x = outputs[0]
         width = norm.norm_width(p, x.shape)
         rows = x.size // width
         gamma, beta = self.node.weights["opencl"]
         or_placeholder = self.backend._or_placeholder
-        args = [outputs[0], x, or_placeholder(gamma), or_placeholder(beta),
+        args = [outputs[-1], x, or_placeholder(gamma), or_placeholder(beta),
                 np.int32(rows), np.int32(width), np.float32(p.epsilon), np.int32(bool(p.useRMSNorm)),
                 np.int32(gamma is not None), np.int32(beta is not None)]
         if self.backend.variant == "gpu":

@@ -1,6 +1,6 @@
 """The fused rotary embedding (runtime/fusion.py's ROPE node) in one kernel instead of seven ops.
 
-x (1, seq, heads, dim); cos and sin hold one row of `dim` per position, shared by the heads.
+x (1, seq, heads, dim); cos and sin hold one row of the rotated width per position, shared by the heads.
 When the node's slices are not the rotate-half split of the last axis, or cos/sin are laid out
 otherwise, its original ops run as exported, each as this backend's own Execution.
 """
@@ -12,23 +12,15 @@ import numpy as np
 from mnngpu.backend import Tensor
 from mnngpu.backends.opencl.ops.base import OpenCLExecution
 from mnngpu.ops import op_table
-from mnngpu.ops.rope import ROPE, rope_split
-
-
-def rotate_half_split(node, inputs: list[Tensor]) -> int | None:
-    x, cos, sin = inputs[:3]
-    if len(x.shape) != 4 or x.shape[0] != 1:
-        return None
-    row = (1, x.shape[1], 1, x.shape[3])
-    if any(t.shape not in (row, row[1:]) for t in (cos, sin)):
-        return None
-    return rope_split(node, inputs)
+from mnngpu.ops.rope import ROPE, rotary_width, rotate_half_split, rows_error
 
 
 class OpenCLRoPE(OpenCLExecution):
     def onResize(self, inputs, outputs):
         self.launches, self.as_exported = [], []
         self.split = rotate_half_split(self.node, inputs)
+        if self.split is None and not self.node.param.ops:
+            raise rows_error(self.node, inputs)
         if self.split is None:
             self._plan_as_exported(inputs, outputs)  # the ops' executions record themselves
             return
@@ -37,7 +29,8 @@ class OpenCLRoPE(OpenCLExecution):
     def plan(self, inputs, outputs):
         x, out = inputs[0], outputs[0]
         _, _, heads, dim = x.shape
-        args = [out, *inputs[:3], np.int32(heads), np.int32(dim), np.int32(self.split), np.int32(out.size)]
+        args = [out, *inputs[:3], np.int32(heads), np.int32(dim), np.int32(rotary_width(self.node, x)),
+                np.int32(self.split), np.int32(out.size)]
         self.prepare("rope.cl", "rope_rotate_half", args, (out.size,))
 
     def _plan_as_exported(self, inputs, outputs) -> None:

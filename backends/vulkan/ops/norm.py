@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from mnngpu.backends.vulkan.ops.base import VulkanExecution
+from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups, padded
 from mnngpu.backends.vulkan.program import pack_push
 from mnngpu.ops import norm
+from mnngpu.ops.elementwise import BINARY_CODES
 
 
 class VulkanLayerNorm(VulkanExecution):
@@ -25,7 +26,13 @@ class VulkanLayerNorm(VulkanExecution):
             self.pack(backend, self.node)
         gamma, beta = self.node.weights["vulkan_norm"]
         x = inputs[0].device
-        y = outputs[0].device = backend._new_tensor(outputs[0])
+        if len(inputs) > 1:   # the residual sum first, into output 0; its norm goes to output 1
+            total = outputs[0].device = backend._new_tensor(outputs[0])
+            push = pack_push("IIII6I6i6i", inputs[0].size, BINARY_CODES["ADD"], 1, 0, *padded((inputs[0].size,), ""),
+                             *padded((1,), ""), *padded((1,), ""))
+            self.dispatch("binary_f32", [x, inputs[1].device, total], push, element_groups(inputs[0].size))
+            x = total
+        y = outputs[-1].device = backend._new_tensor(outputs[-1])
         push = pack_push("IIfIII", rows, n, float(p.epsilon), int(bool(p.useRMSNorm)), int(gamma is not None),
                          int(beta is not None))
         self.dispatch("layer_norm", [x, gamma or backend.placeholder, beta or backend.placeholder, y], push, rows)
