@@ -44,8 +44,8 @@ class Prompt:
     """Turns a user message or a chat into the prompt text the model is given.
 
     `config` is the merged model config as a plain dict. It reads `jinja.chat_template`,
-    `jinja.eos`, `jinja.bos`, `jinja.context` (context.json already merged in),
-    `system_prompt` and `use_template`.
+    `jinja.eos`, `jinja.bos`, `jinja.context` (context.json already merged in), `asr_language` (a
+    template variable), `system_prompt` and `use_template`.
 
     MNN also reads a template, eos and bos from a `.mtok` tokenizer file. Pass them as
     `tokenizer_template`, `tokenizer_eos` and `tokenizer_bos`: the config's template and eos
@@ -69,6 +69,8 @@ class Prompt:
         self.bos = _expect_str(bos, "jinja.bos")
         context = jinja.get("context", {})
         self.context = dict(context) if isinstance(context, Mapping) else {}
+        if "asr_language" in config:   # as MNN after 3.6.1: a template variable beside jinja.context
+            self.context["asr_language"] = _expect_str(config["asr_language"], "asr_language")
         self.system_prompt = _expect_str(config.get("system_prompt", ""), "system_prompt")
         use_template = config.get("use_template", True)
         if not isinstance(use_template, bool):

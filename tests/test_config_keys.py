@@ -90,7 +90,7 @@ def model_with(tmp_path: Path, **llm_config) -> Path:
     ("mrope_axes", 4), ("attention_mask", "glm"),
     ("attention_mask", "glm2"), ("audio_type", "conformer"), ("is_single", False),
     ("ple_quant", [0, 15360, 960, 4, 64]), ("attention_mode", 12), ("quant_qkv", 4),
-    ("attention_mode", 3),
+    ("attention_mode", 3), ("is_embedding", True), ("talker_type", "qwen3_tts"),
 ])
 def test_a_value_that_changes_the_math_is_rejected_at_load(tmp_path, key, value):
     folder = model_with(tmp_path, **{key: value})

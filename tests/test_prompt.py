@@ -133,6 +133,15 @@ def test_bos_falls_back_to_jinja_bos_without_a_tokenizer_bos():
     assert Prompt(config, tokenizer_bos="").render([{"role": "user", "content": "x"}]) == "x"
 
 
+def test_asr_language_is_a_template_variable_beside_jinja_context():
+    """MNN after 3.6.1 adds the config's asr_language to the template's variables (Qwen3-ASR templates)."""
+    config = {"jinja": {"chat_template": "{{ asr_language }}:{{ task }}:{{ messages[0].content }}",
+                        "context": {"task": "t", "asr_language": "English"}}, "asr_language": "Chinese"}
+    assert Prompt(config).render([{"role": "user", "content": "x"}]) == "Chinese:t:x"
+    del config["asr_language"]
+    assert Prompt(config).render([{"role": "user", "content": "x"}]) == "English:t:x"
+
+
 def test_messages_are_not_changed():
     messages = [{"role": "user", "content": "hi"}]
     Prompt({"jinja": {"chat_template": "{% for m in messages[0].content %}{% endfor %}"}}).render(messages)

@@ -192,6 +192,13 @@ SPECS = [
     # partial rotary (half of each head)
     FixtureSpec("phi2_c4", "phi", ["--quant_bit", "8", "--quant_block", "64"], exporter="head",
                 hf_from="phi2_int8"),
+    # the exporter's other weight options at that commit (its llmexport.py refuses 5 and 6 bits)
+    FixtureSpec("qwen3_c4_q2_embed4_lm8", "qwen3",
+                ["--quant_bit", "2", "--quant_block", "64", "--embed_bit", "4", "--lm_quant_bit", "8"],
+                exporter="head", hf_from="qwen3_int4_b64"),
+    FixtureSpec("qwen3_c4_q3_sym_b0_scale32", "qwen3",
+                ["--quant_bit", "3", "--quant_block", "0", "--sym", "--scale_bit", "32", "--embed_bit", "8"],
+                exporter="head", hf_from="qwen3_int4_b64"),
 ]
 
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,

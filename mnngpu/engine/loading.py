@@ -12,7 +12,8 @@ import numpy as np
 from mnngpu.backend import backend_class
 from mnngpu.config import LOAD_TIME_KEYS, ConfigNote, ConfigWarning, LlmConfig, as_overrides
 from mnngpu.embedding import PLE_KEY, DiskEmbedding, PerLayerEmbedding
-from mnngpu.errors import ConfigError, MnnGpuError, ModelFormatError
+from mnngpu.errors import ConfigError, MnnGpuError, ModelFormatError, WeightFileError
+from mnngpu.format import read_net
 from mnngpu.generation.factory import create_strategy
 from mnngpu.runtime.attention_mask import mask_feed, sliding_unwindowed_note
 from mnngpu.runtime.module import Module, ModuleConfig
@@ -20,7 +21,7 @@ from mnngpu.runtime.module_pool import ModulePool
 from mnngpu.runtime.prefix_cache import PrefixCache, cache_directory, model_key
 from mnngpu.runtime.schedule import RuntimeManager
 from mnngpu.runtime.static_module import weights_location
-from mnngpu.runtime.validate import cache_layout, graph_inputs, uses_ple, validate_model
+from mnngpu.runtime.validate import cache_layout, check_hidden_size, graph_inputs, uses_ple, validate_model
 from mnngpu.sampler import Sampler
 from mnngpu.tokenizer import load_tokenizer
 
@@ -111,8 +112,12 @@ class LlmLoading:
         self.runtime = RuntimeManager.from_config(cfg)
         self.prefix_cache = _open_prefix_cache(cfg)
         report("weights mapped", 0, 1)
-        self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings,
-                                       cfg.origin("tie_embeddings"))
+        try:
+            self.embedding = DiskEmbedding(cfg.hidden_size, cfg.embedding_path, cfg.weight_path, cfg.tie_embeddings,
+                                           cfg.origin("tie_embeddings"))
+        except WeightFileError:
+            check_hidden_size(read_net(cfg.model_path), cfg)   # rows laid out by a wrong hidden_size: say that
+            raise
         net = validate_model(cfg, self.embedding)
         self.cache_layout = cache_layout(net) if self.prefix_cache is not None else None
         self.per_layer_embedding = _per_layer_embedding(cfg, self.embedding.vocab_size)

@@ -189,20 +189,27 @@ def _check_interface(net: Net, extra_feeds: tuple[str, ...]) -> None:
 
 # ---- the graph against the config and the embedding --------------------------------------
 
-def check_dimensions(net: Net, config: LlmConfig, embedding: DiskEmbedding) -> None:
-    """hidden_size, the vocab and layer_nums as the graph and the weights state them."""
+def check_hidden_size(net: Net, config: LlmConfig) -> None:
+    """hidden_size as the graph states it (its input_ids input and its lm_head)."""
     hidden = config.hidden_size
-    input_ids = next(op for op in net.ops if op.type == "Input" and op.name == "input_ids")
-    dims = input_ids.param.dims or []
+    input_ids = next((op for op in net.ops if op.type == "Input" and op.name == "input_ids"), None)
+    dims = (input_ids.param.dims or []) if input_ids is not None and input_ids.param is not None else []
     if dims and dims[-1] > 0 and dims[-1] != hidden:
         raise _config_error(config, "hidden_size", f"{dims[-1]}, the last dimension of the graph's input_ids "
                                                    f"in {net.path}, got {hidden}")
     lm_head = find_lm_head(net)
+    common = lm_head.param.common if lm_head is not None else None
+    if common is not None and common.inputCount != hidden:
+        raise _config_error(config, "hidden_size", f"{common.inputCount}, the input size of the lm_head "
+                                                   f"'{lm_head.name}' in {net.path}, got {hidden}")
+
+
+def check_dimensions(net: Net, config: LlmConfig, embedding: DiskEmbedding) -> None:
+    """hidden_size, the vocab and layer_nums as the graph and the weights state them."""
+    check_hidden_size(net, config)
+    lm_head = find_lm_head(net)
     if lm_head is not None:
         common = lm_head.param.common
-        if common is not None and common.inputCount != hidden:
-            raise _config_error(config, "hidden_size", f"{common.inputCount}, the input size of the lm_head "
-                                                       f"'{lm_head.name}' in {net.path}, got {hidden}")
         if common is not None and common.outputCount != embedding.vocab_size:
             raise WeightFileError(f"as many embedding rows as the lm_head '{lm_head.name}' has outputs "
                                    f"({common.outputCount}, the vocab), got {embedding.vocab_size}",

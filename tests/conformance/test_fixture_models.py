@@ -50,6 +50,24 @@ def test_greedy_and_logits_match_mnn(name, backend_type):
         assert tokens == prompt["greedy"], prompt["text"]
 
 
+STEP_RECORDS = [name for name in MODEL_NAMES if "steps_top" in reference(name)[0]["prompts"][0]]
+
+
+@pytest.mark.parametrize("name", STEP_RECORDS)
+def test_every_decode_steps_top_logits_match_mnn(name, backend_type):
+    """Where MNN's runtime recorded each greedy step's top logits (tools/mnn_recorder.cpp), every step
+    is held to the first step's tolerance, not only to its argmax."""
+    ref, _ = reference(name)
+    model = load(name, backend_type)
+    for prompt in ref["prompts"]:
+        model.reset()
+        logits = np.asarray(model.forward(prompt["ids"]))[0, -1]
+        for step, (ids, recorded) in enumerate(prompt["steps_top"]):
+            gap = np.abs(logits[ids] - np.asarray(recorded, np.float32)).max()
+            assert gap <= LOGIT_TOLERANCE * logits.std(), (prompt["text"], step)
+            logits = np.asarray(model.forward([prompt["greedy"][step]]))[0, -1]
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_all_logits_rows_match_last_row(name, backend_type):
     """all_logits returns one row per prompt token; its last row is the last-row result."""

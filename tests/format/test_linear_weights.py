@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from mnngpu.config.keys import TIE_FIELDS
 from mnngpu.format import read_net
 from mnngpu.format.quant import read_linear
 from mnngpu.format.rows import QuantizedRows, read_quantized_rows
@@ -122,7 +123,8 @@ def test_every_linear_layer_within_half_a_step_of_hf(name):
         assert step_error(ours, truth, scale, low, bits, bf16_source, fp16_scales) <= 1.0, op_name
         codes = lin.unpacked_codes()
         assert codes.shape == (lin.oc, lin.ic) and int(codes.max()) < 2**lin.bits
-        assert not lin.codes.flags.writeable, "4/8-bit codes should be views of the read-only mapping"
+        if lin.bits in (4, 8):   # other widths are unpacked into their own array
+            assert not lin.codes.flags.writeable, "4/8-bit codes should be views of the read-only mapping"
         bias_name = hf_linear_name(op_name, tensors).replace(".weight", ".bias")
         if bias_name in tensors:
             np.testing.assert_array_equal(lin.bias, tensors[bias_name])
@@ -184,8 +186,17 @@ def gamma_offset(hf: dict, weight_name: str) -> float:
     return 0.0
 
 
-def _embedding_rows_file(folder, config: dict) -> str:
+def _tie_fields(config: dict) -> tuple[list, str]:
+    """tie_embeddings as [weight_offset, alpha_offset, alpha_size, quant_bit, quant_block] and its alpha's
+    numpy dtype: llmexport 0.0.5 writes a list (fp32 alpha), MNN's newer exporter an object with alpha_dtype."""
     tie = config["tie_embeddings"]
+    if isinstance(tie, dict):
+        return [tie[field] for field in TIE_FIELDS], {"fp32": "<f4", "fp16": "<f2"}[tie.get("alpha_dtype", "fp32")]
+    return list(tie), "<f4"
+
+
+def _embedding_rows_file(folder, config: dict) -> str:
+    tie, _ = _tie_fields(config)
     if tie[0] != 0:
         return "llm.mnn.weight"
     return json.loads((folder / "config.json").read_text())["embedding_file"]
@@ -200,9 +211,9 @@ QUANTIZED_EMBEDDINGS = [n for n in FIXTURE_NAMES
 def test_quantized_embedding_rows_within_half_a_step_of_hf(name):
     folder = fixture_dir(name)
     config = json.loads((folder / "llm_config.json").read_text())
-    hidden, tie = config["hidden_size"], config["tie_embeddings"]
+    hidden, (tie, alpha_dtype) = config["hidden_size"], _tie_fields(config)
     rows_file = folder / _embedding_rows_file(folder, config)
-    layout = QuantizedRows.from_tie_embeddings(tie, hidden)
+    layout = QuantizedRows.from_tie_embeddings(config["tie_embeddings"], hidden)
     truth = hf_tensors(name)["model.embed_tokens.weight"]
     ids = [0, 3, truth.shape[0] - 1, 3]
     got = read_quantized_rows(WeightFile(rows_file), layout, ids)
@@ -214,7 +225,8 @@ def test_quantized_embedding_rows_within_half_a_step_of_hf(name):
     vocab = truth.shape[0]
     codes = np.unpackbits(np.frombuffer(raw, np.uint8, vocab * hidden * bits // 8, offset))
     codes = codes.reshape(vocab, hidden, bits) @ (1 << np.arange(bits - 1, -1, -1))
-    alpha = np.frombuffer(raw, "<f4", alpha_bytes // 4, alpha_offset).reshape(vocab, n_blocks, -1)
+    alpha = np.frombuffer(raw, alpha_dtype, alpha_bytes // np.dtype(alpha_dtype).itemsize,
+                          alpha_offset).astype(np.float32).reshape(vocab, n_blocks, -1)
     scale = np.repeat(alpha[:, :, -1], hidden // n_blocks, axis=1)
     low = np.repeat(alpha[:, :, 0], hidden // n_blocks, axis=1) if alpha.shape[2] == 2 else 0.0
     expected = (codes - 2 ** (bits - 1)) * scale + low
