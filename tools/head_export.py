@@ -78,9 +78,7 @@ def converter_argv() -> list[str]:
     return [str(head_build().converter)]
 
 
-def run_recorder(config: Path, ids: list[int], settings: dict, steps: int, top_k: int) -> list[dict]:
-    """One fresh mnn_recorder process on `ids`: a record per forward, the prefill (step 0) and `steps`
-    greedy steps after it, each with the top_k ids and logits."""
+def _recorder_lines(config: Path, ids: list[int], settings: dict, steps: int, top_k: int) -> list[dict]:
     argv = [str(head_build().recorder), str(config), json.dumps(settings), str(steps), str(top_k),
             *map(str, ids)]
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
@@ -88,7 +86,23 @@ def run_recorder(config: Path, ids: list[int], settings: dict, steps: int, top_k
         raise RuntimeError(f"mnn_recorder failed on {config} (exit {done.returncode}):\n"
                            f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
     # MNN prints its CPU feature line on stdout too
-    forwards = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def record_prefill_rows(config: Path, ids: list[int], settings: dict, keep_top: int = 8) -> list[list]:
+    """[ids, logits] of the `keep_top` largest logits of every row of the prefill of `ids` (all_logits),
+    in a fresh mnn_recorder process."""
+    rows = [line for line in _recorder_lines(config, ids, {**settings, "all_logits": True}, 0, keep_top)
+            if "prefill_row" in line]
+    if [row["prefill_row"] for row in rows] != list(range(len(ids))):
+        raise RuntimeError(f"mnn_recorder on {config} printed {len(rows)} prefill rows for {len(ids)} ids")
+    return [[row["top_ids"], row["top_logits"]] for row in rows]
+
+
+def run_recorder(config: Path, ids: list[int], settings: dict, steps: int, top_k: int) -> list[dict]:
+    """One fresh mnn_recorder process on `ids`: a record per forward, the prefill (step 0) and `steps`
+    greedy steps after it, each with the top_k ids and logits."""
+    forwards = _recorder_lines(config, ids, settings, steps, top_k)
     if [f["step"] for f in forwards] != list(range(steps + 1)):
         raise RuntimeError(f"mnn_recorder on {config} printed steps {[f['step'] for f in forwards]}, "
                            f"not 0..{steps}")

@@ -456,6 +456,10 @@ def to_readable_json(value: dict) -> str:
     return head[:-2] + ',\n "prompts": [\n  ' + rows + "\n ]\n}\n"
 
 
+# the prompt whose every prefill row MNN's newer runtime records (all_logits), top 8 logits a row
+ALL_ROWS_PROMPT = 1
+
+
 def make_head_fixture(spec: FixtureSpec) -> Path:
     """Export spec.hf_from's committed hf/ with MNN's newer exporter and record the newer runtime on
     the source fixture's prompt ids (the tokenizer is the same), with the source's settings."""
@@ -476,6 +480,8 @@ def make_head_fixture(spec: FixtureSpec) -> Path:
     prompts, first_logits = head_export.record_head(
         dest, [(prompt["text"], prompt["ids"]) for prompt in source_reference["prompts"]], settings, vocab)
     np.save(dest / "first_logits.npy", first_logits)
+    prompts[ALL_ROWS_PROMPT]["rows_top"] = head_export.record_prefill_rows(
+        dest / "config.json", prompts[ALL_ROWS_PROMPT]["ids"], settings)
     reference = {"settings": settings, "fresh_instance_per_prompt": True,
                  "recorded_by": head_export.RECORDED_BY, "exported_by": head_export.EXPORTED_BY,
                  "hf_from": spec.hf_from, "export_args": spec.export_args, "family": spec.family,

@@ -6,7 +6,9 @@
 //
 // OVERRIDES_JSON goes to set_config before load ("{}" for none). Each line printed is one forward:
 // {"step": 0, "input": [ids fed], "top_ids": [...], "top_logits": [...], "argmax": id, "std": s}
-// where step 0 is the prefill of the given ids and step k feeds the argmax of step k - 1.
+// where step 0 is the prefill of the given ids and step k feeds the argmax of step k - 1. With
+// {"all_logits": true} in OVERRIDES_JSON the prefill's every row comes first, a line each:
+// {"prefill_row": r, "top_ids": [...], "top_logits": [...], "argmax": id, "std": s}.
 #include <llm/llm.hpp>
 
 #include <algorithm>
@@ -20,7 +22,8 @@
 
 using MNN::Transformer::Llm;
 
-static void print_step(int step, const std::vector<int>& fed, const float* logits, int vocab, int top_k) {
+// The top_k (id, logit) pairs of one row of logits, and the row's standard deviation.
+static void print_top(const float* logits, int vocab, int top_k) {
     std::vector<int> order(vocab);
     std::iota(order.begin(), order.end(), 0);
     top_k = std::min(top_k, vocab);
@@ -30,13 +33,18 @@ static void print_step(int step, const std::vector<int>& fed, const float* logit
     for (int i = 0; i < vocab; ++i) mean += logits[i];
     mean /= vocab;
     for (int i = 0; i < vocab; ++i) square += (logits[i] - mean) * (logits[i] - mean);
-    std::printf("{\"step\": %d, \"input\": [", step);
-    for (size_t i = 0; i < fed.size(); ++i) std::printf("%s%d", i ? ", " : "", fed[i]);
-    std::printf("], \"top_ids\": [");
+    std::printf("\"top_ids\": [");
     for (int i = 0; i < top_k; ++i) std::printf("%s%d", i ? ", " : "", order[i]);
     std::printf("], \"top_logits\": [");
     for (int i = 0; i < top_k; ++i) std::printf("%s%.9g", i ? ", " : "", logits[order[i]]);
     std::printf("], \"argmax\": %d, \"std\": %.9g}\n", order[0], std::sqrt(square / vocab));
+}
+
+static void print_step(int step, const std::vector<int>& fed, const float* logits, int vocab, int top_k) {
+    std::printf("{\"step\": %d, \"input\": [", step);
+    for (size_t i = 0; i < fed.size(); ++i) std::printf("%s%d", i ? ", " : "", fed[i]);
+    std::printf("], ");
+    print_top(logits, vocab, top_k);
 }
 
 int main(int argc, char** argv) {
@@ -58,8 +66,14 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "MNN's forward failed at step %d\n", step);
             return 1;
         }
-        const int vocab = logits->getInfo()->size;
-        const float* row = logits->readMap<float>();
+        const int vocab = logits->getInfo()->dim.back();
+        const int rows = logits->getInfo()->size / vocab;   // all of the prefill's with all_logits set
+        const float* first = logits->readMap<float>();
+        for (int r = 0; rows > 1 && r < rows; ++r) {
+            std::printf("{\"prefill_row\": %d, ", r);
+            print_top(first + (size_t)r * vocab, vocab, top_k);
+        }
+        const float* row = first + (size_t)(rows - 1) * vocab;
         print_step(step, fed, row, vocab, top_k);
         fed = {static_cast<int>(std::max_element(row, row + vocab) - row)};
     }

@@ -1,8 +1,10 @@
 """Every backend on every fixture model, against what MNN's runtime recorded.
 
 Greedy tokens must be identical for every recorded prompt, and first-step logits within
-1e-3 x the logits' std (precision high). Where `mnn` is installed, a live MNN run in a
-subprocess checks the recording is still what MNN does.
+1e-3 x the logits' std (precision high). Where the recording holds them (the newer-format
+fixtures, recorded by tools/mnn_recorder.cpp), every greedy step's top logits and every row of
+an all_logits prefill are held to the same tolerance. Where `mnn` is installed, a live MNN run in
+a subprocess checks the recording is still what MNN does.
 """
 
 from __future__ import annotations
@@ -77,6 +79,22 @@ def test_all_logits_rows_match_last_row(name, backend_type):
     logits = np.asarray(model.forward(prompt["ids"]))
     assert logits.shape == (1, len(prompt["ids"]), first_logits.shape[1])
     assert np.abs(logits[0, -1] - first_logits[1]).max() <= LOGIT_TOLERANCE * first_logits[1].std()
+
+
+ROW_RECORDS = [name for name in MODEL_NAMES if any("rows_top" in p for p in reference(name)[0]["prompts"])]
+
+
+@pytest.mark.parametrize("name", ROW_RECORDS)
+def test_all_logits_rows_match_mnn(name, backend_type):
+    """Every row of an all_logits prefill (what echo logprobs and lm-eval's loglikelihoods read) against
+    MNN's own all_logits rows, where its runtime recorded them (their top 8 logits each)."""
+    ref, _ = reference(name)
+    prompt = next(p for p in ref["prompts"] if "rows_top" in p)
+    logits = np.asarray(load(name, backend_type, all_logits=True).forward(prompt["ids"]))[0]
+    assert logits.shape[0] == len(prompt["rows_top"]) == len(prompt["ids"])
+    for row, (ids, recorded) in enumerate(prompt["rows_top"]):
+        gap = np.abs(logits[row, ids] - np.asarray(recorded, np.float32)).max()
+        assert gap <= LOGIT_TOLERANCE * logits[row].std(), row
 
 
 def test_live_mnn_agrees_with_recording(tmp_path):
