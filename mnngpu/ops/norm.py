@@ -52,9 +52,16 @@ def norm_width(param, shape: Shape) -> int:
 
 
 def layer_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
-    """x's shape for each output: the norm, or with a residual input the sum and then the norm (an op
-    with one output keeps the first pair, of the same shape)."""
-    return [(inputs[0].shape, inputs[0].dtype)] * min(len(inputs), 2)
+    """x's shape for each output: the norm, or with a residual input the sum (numpy broadcasting) and
+    then the norm (an op with one output keeps the first pair, of the same shape)."""
+    if len(inputs) > 1:
+        try:
+            shape = tuple(np.broadcast_shapes(inputs[0].shape, inputs[1].shape))
+        except ValueError as exc:
+            raise ModelFormatError(f"a residual add of broadcastable shapes, got {inputs[0].shape} and "
+                                   f"{inputs[1].shape}", field=node.name) from exc
+        return [(shape, inputs[0].dtype)] * 2
+    return [(inputs[0].shape, inputs[0].dtype)]
 
 
 def device_weights(node, upload) -> tuple:
@@ -66,10 +73,11 @@ def device_weights(node, upload) -> tuple:
 
 def decline(inputs, outputs, node) -> str | None:
     """The form the device kernels do not take (it runs on the CPU backup): a residual add whose
-    sum is not an output of the op, or whose addends differ in shape."""
-    if len(inputs) > 1 and (len(outputs) < 2 or inputs[0].shape != inputs[1].shape):
+    sum is not an output of the op, or that broadcasts (the kernels add the addends value by value,
+    whatever view of the same values each shape is)."""
+    if len(inputs) > 1 and (len(outputs) < 2 or not inputs[0].size == inputs[1].size == outputs[0].size):
         return ("a LayerNorm fused with its residual add has a device kernel only where the sum is its first "
-                "output and the addends have one shape")
+                "output and the addends hold as many values as the sum")
     return None
 
 

@@ -21,6 +21,9 @@ NC4HW4; here every tensor is logical NCHW, so a ConvertTensor is the identity).
   input 2 as sigmoid(b). Those become ops over constants here, feeding the LinearAttention the
   engine runs (mnngpu/ops/linear_attention.py), which takes gate and beta as inputs.
 
+The other way round, an old export's residual add and the norm after it become the two-output
+LayerNorm a has_ln FusedLinear gives (fold_residual_norms), so both formats run the same nodes.
+
 Read from MNN's source (after 3.6.1): source/shape/ShapeFusedProj.cpp,
 source/geometry/GeometryFusedProj.cpp, source/core/FusedProjCommon.hpp, source/shape/ShapeAttention.cpp,
 source/backend/cpu/CPURoPE.cpp with MNNRoPEComputeBasic in compute/CommonOptFunction.cpp,
@@ -45,11 +48,14 @@ EXP_CLAMP = 87.0   # MNN clamps the softplus's exp argument to +-this (float32 e
 
 
 def rewrite_exported_fusions(net: Net) -> Net:
-    """The graph (and its expert subgraphs) with every FusedLinear and RoPE op as engine nodes."""
-    if not any(_rewritten(op) for graph in (net, *net.subgraphs) for op in graph.ops):
-        return net
+    """The graph (and its expert subgraphs) with every exported fused op as engine nodes, and each
+    residual add folded into the norm after it (fold_residual_norms)."""
     tensor_names = list(net.tensor_names)
-    ops = _rewrite(net, net.ops, tensor_names, "oplists")
+    ops = fold_residual_norms(net.ops, tensor_names)
+    unchanged = len(ops) == len(net.ops) and all(new is old for new, old in zip(ops, net.ops))
+    if unchanged and not any(_rewritten(op) for graph in (net, *net.subgraphs) for op in graph.ops):
+        return net
+    ops = _rewrite(net, ops, tensor_names, "oplists")
     subgraphs = []
     for index, sub in enumerate(net.subgraphs):
         names = list(sub.tensor_names)
@@ -246,3 +252,38 @@ def _folded_gate(net: Net, op: Op, names: list[str], field: str) -> list[Op]:
     given = replace(p, gate_fold=False, gate_coef=None, gate_bias=None)
     ops.append(replace(op, inputs=[qkv, gate, beta, conv_weight], param=given))
     return ops
+
+
+def fold_residual_norms(ops: list[Op], names: list[str]) -> list[Op]:
+    """An old export's residual add and the norm after it as one two-output LayerNorm, as a FusedLinear's
+    has_ln becomes: LayerNorm(ADD(a, b)) -> LayerNorm(a, b) giving (a + b, its norm), in the ADD's place.
+    The exporter may view the sum through a Reshape before the norm (a block's input); that Reshape
+    then views the sum for its other readers, and a copy of it the norm for the norm's."""
+    producer = {tensor: op for op in ops for tensor in op.outputs}
+    folded: dict[int, Op] = {}     # id(ADD) -> the two-output LayerNorm
+    replaced: dict[int, Op | None] = {}   # id(LayerNorm) -> the Reshape of its norm, or None
+    for op in ops:
+        if op.type != "LayerNorm" or len(op.inputs) != 1 or len(op.outputs) != 1:
+            continue
+        view = producer.get(op.inputs[0])
+        add = producer.get(view.inputs[0]) if view is not None and view.type == "Reshape" and view.inputs else view
+        if add is view:
+            view = None
+        if (add is None or add.type != "BinaryOp" or getattr(add.param, "opType", None) != "ADD"
+                or getattr(add.param, "activationType", 0) or len(add.inputs) != 2
+                or add.inputs[0] == add.inputs[1] or id(add) in folded):
+            continue
+        norm = op.outputs[0] if view is None else _new_tensor(names, f"{op.name}/rows")
+        folded[id(add)] = replace(op, inputs=list(add.inputs), outputs=[add.outputs[0], norm])
+        replaced[id(op)] = None if view is None else replace(
+            view, name=f"{op.name}/view", inputs=[norm, *view.inputs[1:]], outputs=list(op.outputs))
+    out = []
+    for op in ops:
+        if id(op) in folded:
+            out.append(folded[id(op)])
+        elif id(op) in replaced:
+            if replaced[id(op)] is not None:
+                out.append(replaced[id(op)])
+        else:
+            out.append(op)
+    return out

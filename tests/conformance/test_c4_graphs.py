@@ -127,13 +127,16 @@ def test_gate_fold_with_short_vectors_is_refused_naming_the_field():
 @pytest.mark.parametrize("new, old", [(QWEN3, "qwen3_int4_b64"), (QWEN3_5, "qwen3_5_int4_b64"), (PHI2, "phi2_int8")])
 def test_old_and_c4_exports_run_the_same_engine_nodes(new, old):
     """The decoder layer of a C4 export and of an old export of the same weights become the same
-    fused nodes on the CPU (whose table has them all): one path to make fast."""
+    fused nodes on the CPU (whose table has them all), the residual adds folded into the norms after
+    them alike: one path to make fast."""
     counts = {}
     for name in (new, old):
         model = mnngpu_llm.create(FIXTURES / name)
         model.set_config({"backend_type": "cpu", "thread_num": 2})
         model.load()
         ops = model.pool.select(1, False).pipeline_module.static_module.ops
-        counts[name] = sorted({op.node.type for op in ops if op.node.type.startswith("fused.")
-                               or op.node.type in ("Attention", "LinearAttention")})
+        kinds = [op.node.type for op in ops if op.node.type.startswith("fused.")
+                 or op.node.type in ("Attention", "LinearAttention")]
+        residual_norms = sum(op.node.type == "LayerNorm" and len(op.inputs) == 2 for op in ops)
+        counts[name] = (sorted(set(kinds)), residual_norms)
     assert counts[new] == counts[old], counts

@@ -68,7 +68,7 @@ class CPULayerNorm(CPUExecution):
 
     def plan(self, inputs, outputs):
         p = self.node.param
-        self.n = norm.norm_width(p, inputs[0].shape)
+        self.n = norm.norm_width(p, outputs[-1].shape)
         empty = np.zeros(0, dtype=np.float32)
         gamma, beta = self.node.weights.get("gamma"), self.node.weights.get("beta")
         if bool(p.useRMSNorm) and beta is not None and not beta.any():
@@ -78,19 +78,20 @@ class CPULayerNorm(CPUExecution):
         self.eps, self.rms = float(p.epsilon), bool(p.useRMSNorm)
 
     def bind(self):
-        x = self.value(self.inputs[0]).reshape(-1, self.n)
+        x = self.value(self.inputs[0])
         self.addends = None
-        if len(self.inputs) > 1:
-            self.addends = (x, self.value(self.inputs[1]).reshape(-1, self.n))
-            x = (self.outputs[0].device.reshape(-1, self.n) if len(self.outputs) > 1
-                 else self.backend._scratch("residual_sum", x.shape))
+        if len(self.inputs) > 1:   # addends of two shapes broadcast, as MNN's BinaryOp does
+            self.addends = (x, self.value(self.inputs[1]))
+            x = (self.outputs[0].device if len(self.outputs) > 1
+                 else self.backend._scratch("residual_sum", self.outputs[0].shape))
+        x = x.reshape(-1, self.n)
         self.out = self.outputs[-1].device.reshape(-1, self.n)
         self.args = (x, self.gamma, self.beta, self.eps, self.rms, self.out)
         self.norm_rows = jit.runnable(norm_rows, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if self.addends is not None:
-            np.add(*self.addends, out=self.args[0])
+            np.add(*self.addends, out=self.args[0].reshape(self.outputs[0].shape))
         self.norm_rows(*self.args)
 
 

@@ -26,7 +26,7 @@ class CUDALayerNorm(CUDAExecution):
 
     def onResize(self, inputs, outputs):
         p, backend = self.node.param, self.backend
-        cols = norm.norm_width(p, inputs[0].shape)
+        cols = norm.norm_width(p, outputs[-1].shape)
         rows = inputs[0].size // max(1, cols)
         gamma, beta = self.node.weights["cuda"]
         x = inputs[0]

@@ -20,7 +20,7 @@ class VulkanLayerNorm(VulkanExecution):
     def onResize(self, inputs, outputs):
         backend = self.backend
         p = self.node.param
-        n = norm.norm_width(p, inputs[0].shape)
+        n = norm.norm_width(p, outputs[-1].shape)
         rows = inputs[0].size // max(n, 1)
         if "vulkan_norm" not in self.node.weights:
             self.pack(backend, self.node)
