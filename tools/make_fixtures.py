@@ -131,6 +131,12 @@ SPECS = [
     FixtureSpec("qwen2_int8_asym_b128", "qwen2", ["--quant_bit", "8", "--quant_block", "128"]),
     FixtureSpec("llama_sym_int4_b128", "llama", ["--quant_bit", "4", "--quant_block", "128", "--sym"]),
     FixtureSpec("qwen3_fp16", "qwen3", ["--quant_bit", "16"], hf_overrides={"head_dim": 32}),
+    # a real model's head width (Gemma's 256; Qwen's 128 lies between) on a narrow model: one head of
+    # each kind and one layer keep the fixture small (a newer-format export of it is not: that exporter
+    # writes a rotary table of 1024 positions into llm.mnn, 2 MB at this width)
+    FixtureSpec("qwen3_head256_int4", "qwen3", INT4_B64,
+                hf_overrides={"head_dim": 256, "num_attention_heads": 1, "num_key_value_heads": 1,
+                              "num_hidden_layers": 1, "max_position_embeddings": 256}),
     FixtureSpec("llama_int4_b0", "llama", ["--quant_bit", "4", "--quant_block", "0"]),
     FixtureSpec("qwen3_sym_int8_b32", "qwen3", ["--quant_bit", "8", "--quant_block", "32", "--sym"],
                 hf_overrides={"head_dim": 32}),
