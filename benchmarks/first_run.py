@@ -34,7 +34,7 @@ from benchmarks.machine import cpu_description
 from mnngpu import mapped_folders
 
 CHECKOUT = Path(__file__).resolve().parent.parent
-PROMPT = "Once upon a time"
+PROMPT = "What colour is a crow?"   # the README's first command
 DEMO_REPLY = "The colour of a crow is black."
 SOURCES = ("pyproject.toml", "README.md", "mnngpu", *mapped_folders.MAPPED.values())
 # another version: one kernel source changed, so every kernel digest and cache stamp differs

@@ -25,7 +25,7 @@ import mnngpu
 from mnngpu import jit, mapped_folders
 from tests.test_jit import _background_workers
 
-PROMPT = "Once upon a time"
+PROMPT = "What colour is a crow?"   # the README's first command
 DEMO_REPLY = "The colour of a crow is black."   # MNN's own reply: tests/test_demo_model.py checks it
 
 # `mnngpu run` with a listener on numba's compile event: the kernels this process compiled itself
