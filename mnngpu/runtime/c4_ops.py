@@ -51,11 +51,11 @@ def rewrite_exported_fusions(net: Net) -> Net:
     """The graph (and its expert subgraphs) with every exported fused op as engine nodes, and each
     residual add folded into the norm after it (fold_residual_norms)."""
     tensor_names = list(net.tensor_names)
-    ops = fold_residual_norms(net.ops, tensor_names)
+    # the exported ops first, so that an error names the op by its index in the file
+    ops = fold_residual_norms(_rewrite(net, net.ops, tensor_names, "oplists"), tensor_names)
     unchanged = len(ops) == len(net.ops) and all(new is old for new, old in zip(ops, net.ops))
-    if unchanged and not any(_rewritten(op) for graph in (net, *net.subgraphs) for op in graph.ops):
+    if unchanged and not any(_rewritten(op) for sub in net.subgraphs for op in sub.ops):
         return net
-    ops = _rewrite(net, ops, tensor_names, "oplists")
     subgraphs = []
     for index, sub in enumerate(net.subgraphs):
         names = list(sub.tensor_names)
@@ -218,7 +218,8 @@ def _folded_gate(net: Net, op: Op, names: list[str], field: str) -> list[Op]:
     for what, values in (("gate_coef", p.gate_coef), ("gate_bias", p.gate_bias)):
         if values is None or len(values) != heads:
             raise ModelFormatError(f"a LinearAttention with gate_fold and a {what} of num_v_heads ({heads}) values, "
-                                   f"got {0 if values is None else len(values)}", path=net.path, field=f"{field}.{what}")
+                                   f"got {0 if values is None else len(values)}", path=net.path,
+                                   field=f"{field}.{what}")
     if len(op.inputs) != 4:
         raise ModelFormatError(f"a LinearAttention of (qkv, a, b, conv_weight), got {len(op.inputs)} inputs",
                                path=net.path, field=field)
@@ -244,10 +245,10 @@ def _folded_gate(net: Net, op: Op, names: list[str], field: str) -> list[Op]:
         return apply(what, "UnaryOp", "UnaryOp", UnaryOp(opType=kind), x)
 
     shifted = binary("gate_in", "ADD", a, constant("gate_bias", p.gate_bias))
-    clamped = binary("gate_clamp_low", "MAXIMUM", binary("gate_clamp_high", "MINIMUM", shifted,
-                                                         constant("exp_max", [EXP_CLAMP])), constant("exp_min", [-EXP_CLAMP]))
-    softplus = unary("softplus", "LOG", binary("exp_plus_one", "ADD", unary("exp", "EXP", clamped), constant("one", [1.0])))
-    gate = binary("gate", "MUL", constant("gate_coef", p.gate_coef), softplus)
+    below = binary("gate_clamp_high", "MINIMUM", shifted, constant("exp_max", [EXP_CLAMP]))
+    clamped = binary("gate_clamp_low", "MAXIMUM", below, constant("exp_min", [-EXP_CLAMP]))
+    exp_plus_one = binary("exp_plus_one", "ADD", unary("exp", "EXP", clamped), constant("one", [1.0]))
+    gate = binary("gate", "MUL", constant("gate_coef", p.gate_coef), unary("softplus", "LOG", exp_plus_one))
     beta = unary("beta", "SIGMOID", b)
     given = replace(p, gate_fold=False, gate_coef=None, gate_bias=None)
     ops.append(replace(op, inputs=[qkv, gate, beta, conv_weight], param=given))

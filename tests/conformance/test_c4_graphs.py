@@ -60,13 +60,15 @@ MATH_FIELDS = {
         p, q_norm=_with_norm(p.q_norm, epsilon=1.0))),
     "FusedLinearParam.convs (order)": (QWEN3, "FusedLinear", 0, lambda p: dataclasses.replace(
         p, convs=[p.convs[0], p.convs[2], p.convs[1]])),
-    "FusedLinearParam.ln": (QWEN3, "FusedLinear", 1, lambda p: dataclasses.replace(p, ln=_with_norm(p.ln, epsilon=1.0))),
+    "FusedLinearParam.ln": (QWEN3, "FusedLinear", 1, lambda p: dataclasses.replace(
+        p, ln=_with_norm(p.ln, epsilon=1.0))),
     "GatedRMSNorm LayerNorm.epsilon": (QWEN3_5, "GatedRMSNorm", 0, lambda p: dataclasses.replace(p, epsilon=1.0)),
     "LinearAttentionParam.gate_coef": (QWEN3_5, "LinearAttention", 0, lambda p: dataclasses.replace(
         p, gate_coef=p.gate_coef * 4)),
     "LinearAttentionParam.gate_bias": (QWEN3_5, "LinearAttention", 0, lambda p: dataclasses.replace(
         p, gate_bias=p.gate_bias + 1)),
-    "LinearAttentionParam.gate_fold": (QWEN3_5, "LinearAttention", 0, lambda p: dataclasses.replace(p, gate_fold=False)),
+    "LinearAttentionParam.gate_fold": (QWEN3_5, "LinearAttention", 0, lambda p: dataclasses.replace(
+        p, gate_fold=False)),
     "AttentionParam.attnScale": (QWEN3, "Attention", 0, lambda p: dataclasses.replace(p, attnScale=0.5)),
 }
 
