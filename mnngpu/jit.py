@@ -344,14 +344,21 @@ def _start_worker(lock_fd: int, python: str = sys.executable, package: Path = PA
         _let_go(lock_fd)
 
 
+def _flush_output() -> None:
+    """Write out what the log and the standard streams hold, before the lock or the process goes."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def _become_worker(lock_fd: int, python: str, package: Path) -> None:
     """Replace this background process by another install's, the lock held throughout: never two
     processes at once. Returns only where the exec fails (OSError)."""
     argv, env = _worker_command(lock_fd, python, package)
     if lock_fd >= 0:
         os.set_inheritable(lock_fd, True)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_output()
     os.chdir(cache_dir())
     os.execve(python, argv, env)
 
@@ -711,8 +718,6 @@ def _work() -> int:
             log.exception("pruning the kernel cache failed")
         other = _other_install_waiting()
         if other is not None:   # another install (same kernels, another venv) queued: this process becomes its own
-            for handler in logging.getLogger().handlers:
-                handler.flush()
             try:
                 _become_worker(lock, *other)
             except OSError:
@@ -720,15 +725,13 @@ def _work() -> int:
             break
         if lock < 0:
             break
-        for handler in logging.getLogger().handlers:
-            handler.flush()
+        _flush_output()
         fcntl.flock(lock, fcntl.LOCK_UN)
         # a batch queued after the last look, by a run that found the lock still held: take it
         # again, unless a process another run started has it by now
         if not _queued_anywhere() or _take_lock(wait_s=0.05, fd=lock) is None:
             break
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_output()
     # At once: the lock is free, and a run may start the next process; no second one lingers
     # through this interpreter's (numba's) slow teardown.
     os._exit(1 if failed else 0)

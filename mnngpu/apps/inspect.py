@@ -24,7 +24,7 @@ from mnngpu.format.quant import QuantizedLinear, read_linear
 from mnngpu.format.weights import WeightFile
 from mnngpu.ops import op_table
 from mnngpu.ops.routing import SPARSE_MOE
-from mnngpu.runtime.c4_ops import EXPORTED_FUSIONS, rewrite_exported_fusions
+from mnngpu.runtime.c4_ops import is_exported_fusion, rewrite_exported_fusions
 from mnngpu.runtime.moe import moe_param
 from mnngpu.runtime.validate import needed_ops
 
@@ -109,13 +109,10 @@ def _as_loaded(net: Net) -> Net:
 def _rewritten_ops(net: Net, runs: Net) -> dict[str, dict[str, int]] | None:
     """The newer export format's fused ops the file has, and the engine ops they become at load
     (runtime/c4_ops.py), by type; None for a file without them."""
-    had = Counter(op.type for op in net.ops if op.type in EXPORTED_FUSIONS
-                  or (op.type == "LinearAttention" and getattr(op.param, "gate_fold", False)))
+    had = Counter(op.type for op in net.ops if is_exported_fusion(op))
     if not had:
         return None
-    names = {op.name for op in net.ops}
-    made = Counter(op.type for op in runs.ops if op.name not in names or op.type != "LinearAttention")
-    before = Counter(op.type for op in net.ops)
+    made, before = Counter(op.type for op in runs.ops), Counter(op.type for op in net.ops)
     return {"file": dict(sorted(had.items())),
             "engine": dict(sorted((kind, made[kind] - before.get(kind, 0)) for kind in made
                                   if made[kind] > before.get(kind, 0)))}

@@ -67,6 +67,12 @@ def shape_stand_in(tensor: Tensor) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=tensor.dtype), tensor.shape)
 
 
+def rewritten_at_load(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    """The shape rule of an op the loader rewrites into other nodes (OpType.runs_as): never a node itself."""
+    raise ModelFormatError(f"{node.type} is rewritten at load into the nodes that run it "
+                           "(mnngpu/runtime/c4_ops.py); it does not run as itself", field=node.name)
+
+
 def same(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
     """The input's shape and dtype (ConvertTensor, Identity, LayerNorm, UnaryOp, ...)."""
     return [(inputs[0].shape, inputs[0].dtype)]

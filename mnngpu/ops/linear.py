@@ -17,7 +17,7 @@ import numpy as np
 
 from mnngpu.errors import ModelFormatError
 from mnngpu.format.quant import QuantizedLinear, read_linear  # noqa: F401 (a backend packs QuantizedLinear)
-from mnngpu.ops.common import ALWAYS, FLOAT, FUSED_PREFIX, OpType, Shape, evaluated
+from mnngpu.ops.common import ALWAYS, FLOAT, FUSED_PREFIX, OpType, Shape, evaluated, rewritten_at_load
 
 if TYPE_CHECKING:
     from mnngpu.backend import Node, Tensor
@@ -136,25 +136,9 @@ def matmul_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]
     return [((*np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])), a[-2], b[-1]), inputs[0].dtype)]
 
 
-def exported_fused_linear(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
-    """MNN's FusedLinear (a C4 export): one output per projection (gate/up: one), and with has_ln
-    the residual sum last. x is input 0, or with has_ln input 1 (whose sum with input 0 is normed)."""
-    p = node.param
-    x = (inputs[1] if p.has_ln else inputs[0]).shape
-    outputs = []
-    for i, conv in enumerate(p.convs):
-        if len(x) < 2 or x[1] != conv.common.inputCount:
-            raise ModelFormatError(f"FusedLinear projection {i} expects {conv.common.inputCount} input channels, "
-                                   f"got shape {x}", field=node.name)
-        outputs.append(((x[0], conv.common.outputCount, *x[2:]), FLOAT))
-    if p.act_silu_mul:
-        outputs = outputs[:1]
-    return outputs + ([(inputs[0].shape, inputs[0].dtype)] if p.has_ln else [])
-
-
 ROWS = {
     "Convolution": OpType(convolution, param="Convolution2D", param_required=ALWAYS, weights=convolution_weights),
-    "FusedLinear": OpType(exported_fused_linear, param="FusedLinearParam", param_required=ALWAYS,
+    "FusedLinear": OpType(rewritten_at_load, param="FusedLinearParam", param_required=ALWAYS,
                           runs_as="Convolution"),
     "MatMul": OpType(matmul_rule, matmul, param="MatMul", min_inputs=2),
     "Im2Col": OpType(evaluated(im2col), im2col, param="Convolution2D", param_required=ALWAYS),

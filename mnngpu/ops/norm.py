@@ -14,7 +14,7 @@ import numpy as np
 from mnngpu.errors import ModelFormatError, WeightFileError
 from mnngpu.format.params import LayerNorm
 from mnngpu.format.weights import WeightFile, read_floats
-from mnngpu.ops.common import ALWAYS, OpType, Shape
+from mnngpu.ops.common import ALWAYS, OpType, Shape, rewritten_at_load
 
 
 def read_layernorm(weights: WeightFile | None, ln: LayerNorm,
@@ -81,18 +81,8 @@ def decline(inputs, outputs, node) -> str | None:
     return None
 
 
-def gated_rms_norm(node, inputs) -> list[tuple[Shape, np.dtype]]:
-    """MNN's GatedRMSNorm (a C4 export, rewritten at load by runtime/c4_ops.py): x's rows normed, laid
-    out as z, times silu(z): z's shape."""
-    x, z = inputs[0], inputs[1]
-    if x.size != z.size:
-        raise ModelFormatError(f"a GatedRMSNorm of x and z with as many values, got {x.shape} and {z.shape}",
-                               field=node.name)
-    return [(z.shape, z.dtype)]
-
-
 ROWS = {
     "LayerNorm": OpType(layer_norm, param="LayerNorm", param_required=ALWAYS, weights=layer_norm_weights),
-    "GatedRMSNorm": OpType(gated_rms_norm, param="LayerNorm", param_required=ALWAYS, min_inputs=2,
+    "GatedRMSNorm": OpType(rewritten_at_load, param="LayerNorm", param_required=ALWAYS, min_inputs=2,
                            runs_as="LayerNorm"),
 }

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mnngpu.errors import ModelFormatError
-from mnngpu.ops.common import ALWAYS, FUSED_PREFIX, OpType, Shape, same
+from mnngpu.ops.common import ALWAYS, FUSED_PREFIX, OpType, rewritten_at_load, same
 from mnngpu.ops.movement import strided_slice
 
 if TYPE_CHECKING:
@@ -22,21 +22,9 @@ if TYPE_CHECKING:
 ROPE = FUSED_PREFIX + "RoPE"
 
 
-def exported_rope(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
-    """MNN's RoPE: q [seq, heads*head_dim, 1, 1] and k -> (1, seq, heads, head_dim) each."""
-    p = node.param
-    shapes = []
-    for what, x, heads in (("q", inputs[0], p.num_head), ("k", inputs[1], p.kv_num_head)):
-        if len(x.shape) != 4 or x.shape[2:] != (1, 1) or x.shape[1] != heads * p.head_dim:
-            raise ModelFormatError(f"RoPE {what} of shape [seq, {heads}*{p.head_dim}, 1, 1] (its num_head, "
-                                   f"kv_num_head and head_dim), got {x.shape}", field=node.name)
-        shapes.append(((1, x.shape[0], heads, p.head_dim), x.dtype))
-    return shapes
-
-
 ROWS = {
     ROPE: OpType(same, fuses="x*cos + concat(-x[..., s:], x[..., :s])*sin (rotate-half)"),
-    "RoPE": OpType(exported_rope, param="RoPEParam", param_required=ALWAYS, min_inputs=4, runs_as=ROPE),
+    "RoPE": OpType(rewritten_at_load, param="RoPEParam", param_required=ALWAYS, min_inputs=4, runs_as=ROPE),
 }
 
 

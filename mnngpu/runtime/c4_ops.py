@@ -54,7 +54,7 @@ def rewrite_exported_fusions(net: Net) -> Net:
     # the exported ops first, so that an error names the op by its index in the file
     ops = fold_residual_norms(_rewrite(net, net.ops, tensor_names, "oplists"), tensor_names)
     unchanged = len(ops) == len(net.ops) and all(new is old for new, old in zip(ops, net.ops))
-    if unchanged and not any(_rewritten(op) for sub in net.subgraphs for op in sub.ops):
+    if unchanged and not any(is_exported_fusion(op) for sub in net.subgraphs for op in sub.ops):
         return net
     subgraphs = []
     for index, sub in enumerate(net.subgraphs):
@@ -75,15 +75,17 @@ def _rewrite(net: Net, ops: list[Op], names: list[str], where: str) -> list[Op]:
             out += _rope(net, op, names, field, widths)
         elif op.type == "GatedRMSNorm":
             out += _gated_rms_norm(net, op, names, field)
-        elif _rewritten(op):
+        elif is_exported_fusion(op):   # a LinearAttention with gate_fold
             out += _folded_gate(net, op, names, field)
         else:
             out.append(op)
     return out
 
 
-def _rewritten(op: Op) -> bool:
-    return op.type in EXPORTED_FUSIONS or (op.type == "LinearAttention" and bool(getattr(op.param, "gate_fold", False)))
+def is_exported_fusion(op: Op) -> bool:
+    """An op of MNN's newer export format that the loader rewrites (EXPORTED_FUSIONS, gate_fold)."""
+    gate_fold = op.type == "LinearAttention" and bool(getattr(op.param, "gate_fold", False))
+    return op.type in EXPORTED_FUSIONS or gate_fold
 
 
 def _projection_widths(ops: list[Op]) -> dict[int, int]:
