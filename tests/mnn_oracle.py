@@ -4,7 +4,9 @@ Run it as a subprocess (MNN.llm can segfault):
     python tests/mnn_oracle.py MODEL_DIR --prompts-json '["hello", ...]' --json-out ref.json --logits-out first.npy
 
 For each prompt it records the prompt ids, a greedy continuation of `steps` tokens made by
-`forward` with the KV cache kept, and (optionally) the first step's full logits.
+`forward` with the KV cache kept, (optionally) the first step's full logits, and with --steps-top N
+each greedy step's N largest logits; with --rows-top N instead every prefill row's N largest logits
+(all_logits).
 With --replies it records instead the bytes `response()` streams for each prompt, which runs
 MNN's generation strategy (speculative_type) as its own engine does. With --image-embeds it also
 records a vision model's image embeddings (visual.mnn run by MNN on MNN-made patches), and with
@@ -31,7 +33,15 @@ def last_row(logits) -> np.ndarray:
     return values.reshape(-1, values.shape[-1])[-1]
 
 
-def record(model_dir: str, prompts: list[str], steps: int, overrides: dict) -> tuple[dict, np.ndarray]:
+def top(logits: np.ndarray, k: int) -> list[list]:
+    """[ids, values] of a row's k largest logits, largest first (ties: the lower id first)."""
+    order = np.lexsort((np.arange(logits.size), -logits))[:k]
+    return [[int(i) for i in order], [float(logits[i]) for i in order]]
+
+
+def record(model_dir: str, prompts: list[str], steps: int, overrides: dict,
+           steps_top: int = 0) -> tuple[dict, np.ndarray]:
+    """steps_top > 0 also keeps each greedy step's top `steps_top` logits (the prompt's "steps_top")."""
     import MNN.llm as mnn_llm
 
     llm = mnn_llm.create(f"{model_dir}/config.json")
@@ -43,11 +53,43 @@ def record(model_dir: str, prompts: list[str], steps: int, overrides: dict) -> t
         ids = [int(i) for i in llm.tokenizer_encode(text)]
         logits = last_row(llm.forward(ids))
         first_logits.append(logits)
-        greedy = [int(np.argmax(logits))]
+        greedy, tops = [int(np.argmax(logits))], [top(logits, steps_top)]
         while len(greedy) < steps:
-            greedy.append(int(np.argmax(last_row(llm.forward([greedy[-1]])))))
-        results.append({"text": text, "ids": ids, "greedy": greedy})
+            logits = last_row(llm.forward([greedy[-1]]))
+            greedy.append(int(np.argmax(logits)))
+            tops.append(top(logits, steps_top))
+        results.append({"text": text, "ids": ids, "greedy": greedy, **({"steps_top": tops} if steps_top else {})})
     return {"settings": {**ORACLE_SETTINGS, **overrides}, "prompts": results}, np.stack(first_logits)
+
+
+ROWS_CONFIG = "config_all_logits.json"
+
+
+def record_rows(model_dir: str, prompts: list[str], overrides: dict, rows_top: int) -> dict:
+    """Every row of each prompt's prefill with all_logits on: its top `rows_top` logits ("rows_top").
+    MNN 3.6.1 takes all_logits only from a config file, so a copy of config.json with it set is
+    written beside it (the model's files are found from the config's folder) for the run."""
+    import MNN.llm as mnn_llm
+
+    config = os.path.join(model_dir, "config.json")
+    rows_config = os.path.join(model_dir, ROWS_CONFIG)
+    with open(config, encoding="utf-8") as f:
+        settings = {**json.load(f), "all_logits": True}
+    with open(rows_config, "w", encoding="utf-8") as f:
+        json.dump(settings, f)
+    try:
+        llm = mnn_llm.create(rows_config)
+        llm.set_config({**ORACLE_SETTINGS, **overrides})
+        llm.load()
+        results = []
+        for text in prompts:
+            llm.reset()
+            ids = [int(i) for i in llm.tokenizer_encode(text)]
+            rows = np.array(llm.forward(ids).read(), dtype=np.float32).reshape(len(ids), -1)
+            results.append({"text": text, "ids": ids, "rows_top": [top(row, rows_top) for row in rows]})
+    finally:
+        os.remove(rows_config)
+    return {"settings": {**ORACLE_SETTINGS, **overrides}, "prompts": results}
 
 
 RESPONSE_LOG = b"[MNNLLM] response: "
@@ -221,9 +263,12 @@ def main() -> None:
     parser.add_argument("--prompts-json", required=True)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--config-json", default="{}", help="extra set_config overrides")
+    parser.add_argument("--steps-top", type=int, default=0, help="also keep each greedy step's top N logits")
     parser.add_argument("--json-out", required=True, help="where to write the JSON record (MNN prints to stdout)")
     parser.add_argument("--logits-out", help="save the first-step logits [n_prompts, vocab] as .npy")
     parser.add_argument("--replies", action="store_true", help="record response()'s streamed bytes instead")
+    parser.add_argument("--rows-top", type=int, default=0,
+                        help="record instead every prefill row's top N logits (all_logits on)")
     parser.add_argument("--image-embeds", nargs=2, metavar=("IMAGE", "SIZES_JSON"),
                         help="also record visual.mnn's output for IMAGE at each [height, width] of SIZES_JSON")
     parser.add_argument("--image-embeds-out", help="where --image-embeds writes its .npz")
@@ -236,13 +281,18 @@ def main() -> None:
     if args.image_embeds:
         image, sizes = args.image_embeds
         np.savez(args.image_embeds_out, **record_image_embeds(args.model_dir, image, json.loads(sizes)))
+    if args.rows_top:
+        with open(args.json_out, "w", encoding="utf-8") as out:
+            json.dump(record_rows(args.model_dir, json.loads(args.prompts_json), json.loads(args.config_json),
+                                  args.rows_top), out, ensure_ascii=False)
+        return
     if args.replies:
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump(record_replies(args.model_dir, json.loads(args.prompts_json), json.loads(args.config_json)),
                       out, ensure_ascii=False)
         return
     result, logits = record(args.model_dir, json.loads(args.prompts_json), args.steps,
-                            json.loads(args.config_json))
+                            json.loads(args.config_json), args.steps_top)
     if args.logits_out:
         np.save(args.logits_out, logits)
     with open(args.json_out, "w", encoding="utf-8") as out:

@@ -1,7 +1,8 @@
 """The CUDA kernel sources compile for Hopper (sm_90) in every storage variant, and define
-every kernel the backend launches. nvcc builds PTX as the toolkit would; where NVRTC is
-loadable (cupy's own compiler, which has no system headers) it is checked too. Each check
-skips when its compiler is absent."""
+every kernel the backend launches. NVRTC from the `nvidia-cuda-nvrtc` wheel (the test extra
+installs it) compiles every file with no GPU and no driver; nvcc builds PTX as the toolkit would,
+and cupy's own NVRTC is checked where cupy is installed. Each check skips, saying so, when its
+compiler is absent."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 from mnngpu.backends.cuda.device import kernel_source
 from mnngpu.shaders import shader_path
+from tests import nvrtc_wheel
+from tests.conftest import skip_unavailable
 
 STORAGES = (0, 1, 2)   # fp32, fp16, bf16 (common.cuh)
 KERNELS = {            # every kernel name backends/cuda launches, per source
@@ -58,7 +61,7 @@ def _nvrtc():
         nvrtc.getVersion()
         return nvrtc
     except Exception as exc:  # noqa: BLE001 (no cupy, or no libnvrtc beside it)
-        pytest.skip(f"NVRTC is not loadable: {exc}")
+        skip_unavailable("cuda", f"cupy's NVRTC is not loadable: {exc}")
 
 
 @pytest.mark.parametrize("storage", STORAGES)
@@ -72,3 +75,26 @@ def test_nvrtc_compiles_as_cupy_does(source, storage):
         pytest.fail(nvrtc.getProgramLog(program))
     ptx = nvrtc.getPTX(program)
     assert KERNELS[source] <= entries(ptx.decode() if isinstance(ptx, bytes) else ptx)
+
+
+@pytest.fixture(scope="module")
+def wheel_nvrtc():
+    try:
+        return nvrtc_wheel.load()
+    except nvrtc_wheel.NvrtcUnavailable as exc:
+        pytest.skip(f"NVRTC from the {nvrtc_wheel.WHEEL} wheel is not loadable here: {exc}")
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("source", sorted(KERNELS))
+def test_the_nvrtc_wheel_compiles_every_source(wheel_nvrtc, source, storage):
+    ptx = nvrtc_wheel.compile_ptx(wheel_nvrtc, kernel_source(source), source,
+                                  ["-arch=compute_90", "-std=c++17", f"-DSTORAGE={storage}"])
+    assert KERNELS[source] <= entries(ptx)
+
+
+def test_the_nvrtc_wheel_reports_a_source_that_does_not_compile(wheel_nvrtc):
+    """The compile check can fail: a kernel with a type error is refused, with NVRTC's log."""
+    broken = kernel_source("copy.cu") + '\nextern "C" __global__ void broken() { undeclared_type_t x; }\n'
+    with pytest.raises(nvrtc_wheel.NvrtcError, match="undeclared_type_t"):
+        nvrtc_wheel.compile_ptx(wheel_nvrtc, broken, "copy.cu", ["-arch=compute_90", "-std=c++17"])
