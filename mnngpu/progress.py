@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from mnngpu.model_label import model_label
+
 BAR_WIDTH = 24
 
 
@@ -57,7 +59,7 @@ def ready_line(model, seconds: float) -> str:
     fallbacks = len(model.runtime.placements.fallbacks)   # placed at load
     if fallbacks:
         where += f", {fallbacks} op{'s' if fallbacks != 1 else ''} fell back to the CPU"
-    return (f"ready: {cfg.base_dir.name} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}, "
+    return (f"ready: {model_label(cfg.base_dir)} ({cfg.model_type}, {cfg.layer_nums} layers, hidden {cfg.hidden_size}, "
             f"{weights_mb:.1f} MB of weights) on {where} in {seconds:.2f} s")
 
 

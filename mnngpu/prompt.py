@@ -80,41 +80,43 @@ class Prompt:
         self._typed_content: bool | None = None
 
     def apply_chat_template(self, messages: str | list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, variables: Mapping[str, Any] | None = None) -> str:
         """The prompt text MNN's `response()` would tokenize for these messages.
 
         A string is one user turn: with `use_template` false it is returned as it is,
         otherwise it gets `system_prompt` (when set) and the template. A list of messages
         is always rendered as given, as MNN does. `tools` (OpenAI's function tools) are the
-        template's `tools` variable, as transformers' apply_chat_template passes them.
+        template's `tools` variable, as transformers' apply_chat_template passes them;
+        `variables` (a request's chat_template_kwargs, e.g. enable_thinking) override jinja.context.
         """
         if isinstance(messages, str):
             if not self.use_template:
                 return messages
             turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            rendered = self.render([*turns, {"role": "user", "content": messages}], add_generation_prompt, tools)
+            rendered = self.render([*turns, {"role": "user", "content": messages}], add_generation_prompt, tools,
+                                   variables)
             return rendered or messages  # MNN falls back to the bare text when the template is empty
-        return self.render(messages, add_generation_prompt, tools)
+        return self.render(messages, add_generation_prompt, tools, variables)
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> str:
+               tools: list[dict] | None = None, variables: Mapping[str, Any] | None = None) -> str:
         """MNN's apply_chat_template for a list of messages: no system_prompt, no use_template.
 
         A message is a dict with a string "role". A message with role "json" whose content
         is a JSON object stands for that object, as in MNN's (role, content) API. `tools`,
-        when given, replace any the config's jinja.context holds.
+        when given, replace any the config's jinja.context holds; so do `variables`.
         """
         chat = _normalise_messages(messages)
         if self._template is None:  # MNN joins the contents as they were passed in
             return "".join(m["content"] for m in messages if isinstance(m.get("content"), str))
         if self._needs_typed_content():
             chat = [_as_typed_parts(m) for m in chat]
-        variables = {**self._defaults(), **self.context, "messages": chat}
+        given = {**self._defaults(), **self.context, **(variables or {}), "messages": chat}
         if tools is not None:
-            variables["tools"] = tools
+            given["tools"] = tools
         if add_generation_prompt:
-            variables["add_generation_prompt"] = True  # MNN leaves it undefined otherwise
-        return _render(self._template, variables)
+            given["add_generation_prompt"] = True  # MNN leaves it undefined otherwise
+        return _render(self._template, given)
 
     def _defaults(self) -> dict[str, Any]:
         defaults: dict[str, Any] = {"eos_token": self.eos}

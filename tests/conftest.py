@@ -1,8 +1,9 @@
 """Shared test helpers: the fixture models and the backends this machine can run.
 
-MNNGPU_REQUIRE=opencl,vulkan (set by .ci/run) names backends whose driver must be present: a
-test skipped because one of them is unavailable (no device, no driver package) fails instead,
-so a broken PoCL or lavapipe install turns CI red rather than quietly skipping its tests."""
+MNNGPU_REQUIRE=opencl,vulkan,chromium (set by .ci/run) names backends whose driver must be present,
+and `chromium` the browser the chat page's tests drive: a test skipped because one of them is
+unavailable (no device, no driver package, no browser) fails instead, so a broken PoCL, lavapipe
+or Chromium install turns CI red rather than quietly skipping its tests."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"
 MODEL_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())
 BACKENDS = ["cpu", "opencl", "vulkan", "cuda"]
 REQUIRE_ENV = "MNNGPU_REQUIRE"
-# The Python package each backend's driver binding comes from (what importorskip names).
-BINDINGS = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy"}
+# The Python package each backend's driver binding comes from (what importorskip names); chromium's
+# is the one that drives the browser.
+BINDINGS = {"opencl": "pyopencl", "vulkan": "vulkan", "cuda": "cupy", "chromium": "selenium"}
 
 
 def required_backends() -> list[str]:

@@ -208,3 +208,23 @@ def test_the_server_docs_say_the_n_choices_run_in_slots_of_their_own_seeded_seed
     assert "one random stream" not in prose and "generated one after another" not in prose
     assert "the choice whose `index` is `i` is seeded `seed + i`" in prose
     assert "`n` choices, each in a slot of its own" in prose
+
+
+def test_runs_speed_figures_say_a_short_reply_is_not_a_steady_measure():
+    short = mnngpu("run", str(MODEL), "-p", PROMPT, "-n", "4", "--sampler", "greedy", "--no-template")
+    steady = mnngpu("run", str(MODEL), "-p", PROMPT, "-n", "40", "--sampler", "greedy", "--no-template",
+                    "--config", "ignore_eos=true")
+    assert short.returncode == 0 and steady.returncode == 0, short.stderr + steady.stderr
+    assert "decode tokens num = 4" in short.stderr and "4 tokens time too little" in short.stderr
+    assert "decode tokens num = 40" in steady.stderr and "time too little" not in steady.stderr
+
+
+def test_the_ready_line_names_the_demo_and_a_hub_snapshot_by_what_they_are(tmp_path):
+    demo = mnngpu("run", "-p", "hi", "-n", "1")
+    snapshot = tmp_path / "hub" / "models--some-org--tiny-qwen" / "snapshots" / ("0" * 40)
+    shutil.copytree(MODEL, snapshot)
+    cached = mnngpu("run", str(snapshot), "-p", "hi", "-n", "1")
+    plain = mnngpu("run", str(MODEL), "-p", "hi", "-n", "1")
+    assert demo.stderr.startswith("ready: mnngpu-demo ("), demo.stderr
+    assert cached.stderr.startswith("ready: some-org/tiny-qwen ("), cached.stderr
+    assert plain.stderr.startswith(f"ready: {MODEL.name} ("), plain.stderr

@@ -128,7 +128,7 @@ def test_a_streamed_chat_reply_is_the_local_reply(cluster, local):
 
 
 def test_models_and_health_answer_through_the_proxy(cluster):
-    assert [model.id for model in cluster.api.models.list().data] == ["model"]
+    assert [model.id for model in cluster.api.models.list().data] == ["mnngpu-demo"]
     health = httpx.get(f"http://127.0.0.1:{cluster.port}/health", timeout=WAIT_S)
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
 

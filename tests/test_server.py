@@ -42,8 +42,10 @@ COMPLETION = {"prompt": RAW_PROMPT, "max_tokens": 8, "temperature": 0}
 JSON = {"content-type": "application/json"}
 MAX_DEPTH = 100   # docs/server.md: the deepest a body may nest arrays and objects, the body being level 1
 # every route, as docs/server.md's table of endpoints lists them
-ROUTES = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model_id}",
-          "GET /health", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info", "GET /metrics"]
+ROUTES = ["GET /", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
+          "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{response_id}", "GET /v1/models",
+          "GET /v1/models/{model_id}", "GET /health", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info",
+          "GET /metrics"]
 
 
 @pytest.fixture(scope="module")

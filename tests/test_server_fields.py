@@ -23,9 +23,19 @@ openai = pytest.importorskip("openai")
 
 from starlette.testclient import TestClient
 
+from mnngpu.apps.server import fields as server_fields
 from mnngpu.apps.server.app import create_app
 from mnngpu.apps.server.engine import ModelSlot, ServedModel
-from mnngpu.apps.server.fields import CHAT, COMPLETIONS, FIELDS, IMPLEMENTED, INERT, REFUSED, markdown_table
+from mnngpu.apps.server.fields import (
+    CHAT,
+    COMPLETIONS,
+    FIELDS,
+    IMPLEMENTED,
+    INERT,
+    REFUSED,
+    field_names,
+    markdown_table,
+)
 from tests.reference_model import (
     CHAT_PROMPT,
     CHAT_QUESTION,
@@ -70,10 +80,35 @@ def test_the_table_has_every_field_of_openais_request_types_and_no_other():
     from openai.types import completion_create_params
     from openai.types.chat import completion_create_params as chat_create_params
 
-    assert {name for name, f in FIELDS.items() if CHAT in f.endpoints} == openai_fields(chat_create_params)
+    assert {name for name, f in FIELDS.items() if CHAT in f.endpoints and not f.extension} == openai_fields(
+        chat_create_params)
     assert {name for name, f in FIELDS.items() if COMPLETIONS in f.endpoints} == openai_fields(completion_create_params)
     assert {f.status for f in FIELDS.values()} == {IMPLEMENTED, INERT, REFUSED}
     assert all((f.asks_nothing is not None) == (f.status == REFUSED) for f in FIELDS.values())
+
+
+# Anthropic's 2.x client dropped these from its request type; older clients send them, newer ones in
+# extra_body
+ANTHROPIC_SAMPLING = {"temperature", "top_p", "top_k"}
+
+
+def test_the_table_has_every_field_of_the_messages_and_responses_request_types_and_no_other():
+    anthropic = pytest.importorskip("anthropic")
+    from openai.types.responses import response_create_params
+
+    messages = anthropic.types.message_create_params
+    anthropic_fields = set(typing.get_type_hints(messages.MessageCreateParamsBase)) | set(
+        typing.get_type_hints(messages.MessageCreateParamsStreaming))
+    messages_api, responses_api = server_fields.MESSAGES, server_fields.RESPONSES
+    assert field_names(messages_api) == anthropic_fields | ANTHROPIC_SAMPLING
+    counted = typing.get_type_hints(anthropic.types.message_count_tokens_params.MessageCountTokensParams)
+    assert set(counted) <= field_names(messages_api)
+    responses = set(typing.get_type_hints(response_create_params.ResponseCreateParamsBase)) | set(
+        typing.get_type_hints(response_create_params.ResponseCreateParamsStreaming))
+    assert field_names(responses_api) == responses
+    rows = [f for f in FIELDS.values() if set(f.endpoints) & {messages_api, responses_api}]
+    assert all(len(f.endpoints) == 1 for f in rows)   # each API's rows are its own
+    assert all((f.asks_nothing is not None) == (f.status == REFUSED) for f in rows)
 
 
 def test_docs_show_the_same_table():
@@ -86,7 +121,7 @@ def test_docs_show_the_same_table():
 REFUSED_ASKS = {
     "best_of": 3, "suffix": " the end", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
-    "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high", "verbosity": "low",
+    "prediction": {"type": "content", "content": "x"}, "verbosity": "low",
     "web_search_options": {}, "moderation": {"model": "m"},
 }
 # A value of each refused field that asks for nothing, so it is accepted.
@@ -109,8 +144,9 @@ def call(api, name: str, value, **extra):
 
 
 def test_every_refused_and_inert_field_has_a_value_here():
-    assert set(REFUSED_ASKS) == {name for name, f in FIELDS.items() if f.status == REFUSED}
-    assert set(INERT_VALUES) == {name for name, f in FIELDS.items() if f.status == INERT}
+    openai_rows = {name: f for name, f in FIELDS.items() if set(f.endpoints) & {CHAT, COMPLETIONS}}
+    assert set(REFUSED_ASKS) == {name for name, f in openai_rows.items() if f.status == REFUSED}
+    assert set(INERT_VALUES) == {name for name, f in openai_rows.items() if f.status == INERT}
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_ASKS))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mnngpu import jit
 from mnngpu.errors import ConfigError
+from mnngpu.model_label import model_label
 
 BENCH_TOKEN = 16
 PRECISIONS = {0: "normal", 1: "high", 2: "low"}   # llm_bench's -c numbers
@@ -195,7 +196,7 @@ def run(runtimes: list[RuntimeCase], tests: list[TestCase], repeat: int, loading
             start = time.perf_counter()
             model = load_model(runtime)
             loads.append(time.perf_counter() - start)
-        name = model.config.base_dir.name
+        name = model_label(model.config.base_dir)
         size = Path(model.config.weight_path).stat().st_size
         for test in tests:
             result = BenchResult(runtime, test, name, size, load_seconds=loads if loading_time else [])

@@ -22,7 +22,7 @@ first session that used the same system prompt, so a new session prefills only t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from mnngpu.errors import InputError, MnnGpuError
@@ -175,7 +175,7 @@ def system_prefix(llm, messages: list[dict]) -> str:
 
 def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | None = None,
                    on_text: Callable[[str], bool | None] | None = None, show_special: bool = False,
-                   prefix: str = "") -> Reply:
+                   prefix: str = "", shown_ids: Collection[int] = frozenset()) -> Reply:
     """Generate after `prompt`, reusing what `cache` holds (and the prefix cache's keys and values
     for `prefix`, the prompt's system turn); at most `max_new_tokens` (the config's when None),
     fewer when max_all_tokens leaves less room.
@@ -183,7 +183,7 @@ def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | N
     `on_text(piece)` hears the text each new token completes (often "", while a UTF-8
     sequence is unfinished), then once more with what is left at the end; returning True
     stops the reply after that token (finish_reason "cancelled"). A special token's text is
-    left out of the reply unless `show_special`.
+    left out of the reply unless `show_special`, or unless it is in `shown_ids` (a think marker).
     """
     limit = llm.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     if limit < 1:
@@ -203,7 +203,7 @@ def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | N
     cancelled = []
 
     def on_token(token: int) -> bool:
-        if tokenizer.is_special(token) and not show_special:
+        if tokenizer.is_special(token) and not show_special and token not in shown_ids:
             text = decoder.flush()
             in_cache.append(text + tokenizer.decode(token))
             piece = opening.feed(text)
@@ -239,15 +239,36 @@ def generate_reply(llm, cache: PromptCache, prompt: str, max_new_tokens: int | N
 
 
 class ChatSession:
-    """A conversation: the messages so far, rendered with the model's chat template each turn."""
+    """A conversation: the messages so far, rendered with the model's chat template each turn.
+
+    For a model that thinks (mnngpu/apps/server/reasoning.py), `thinking` says so, and
+    set_thinking() switches the template's enable_thinking where it has one."""
 
     def __init__(self, llm, system_prompt: str | None = None, show_special: bool = False):
+        from mnngpu.apps.server.reasoning import detect_thinking
+
         self.llm = llm
         self.show_special = show_special
         self.cache = PromptCache(llm)
         self.system_prompt = llm.config.system_prompt if system_prompt is None else system_prompt
         self.messages: list[dict] = []
+        self.variables: dict = {}   # template variables beside jinja.context (enable_thinking)
+        self.thinking = detect_thinking(llm.prompt, llm.tokenizer)
         self.reset()
+
+    def set_thinking(self, on: bool) -> None:
+        """Turn the model's thinking on or off for the next turns; InputError when its template
+        cannot switch it."""
+        if self.thinking is None:
+            raise InputError("this model does not think: its chat template writes no think block", field="/think")
+        if self.thinking.switch is None:
+            raise InputError("this model's chat template cannot switch thinking (it reads no enable_thinking); it "
+                             "thinks on every reply", field="/think")
+        self.variables[self.thinking.switch] = on
+
+    def opens_thinking(self, user_text: str) -> bool:
+        """Whether the prompt for `user_text` ends inside a think block (the reply starts in it)."""
+        return self.thinking is not None and self.thinking.opens_block(self._prompt_with(user_text))
 
     def reset(self) -> None:
         """Forget the conversation and the KV cache."""
@@ -257,8 +278,10 @@ class ChatSession:
     def ask(self, user_text: str, on_text: Callable[[str], bool | None] | None = None,
             max_new_tokens: int | None = None) -> Reply:
         messages = [*self.messages, {"role": "user", "content": user_text}]
+        shown = frozenset() if self.thinking is None else self.thinking.special_ids
         reply = generate_reply(self.llm, self.cache, self._prompt_with(user_text), max_new_tokens, on_text,
-                               show_special=self.show_special, prefix=system_prefix(self.llm, messages))
+                               show_special=self.show_special, prefix=system_prefix(self.llm, messages),
+                               shown_ids=shown)
         self._add_turn(user_text, reply.text)
         return reply
 
@@ -288,7 +311,10 @@ class ChatSession:
         return next((i for i, m in enumerate(self.messages) if m["role"] == "user"), None)
 
     def _prompt_with(self, user_text: str) -> str:
-        return self.llm.apply_chat_template([*self.messages, {"role": "user", "content": user_text}])
+        messages = [*self.messages, {"role": "user", "content": user_text}]
+        if not self.variables:
+            return self.llm.apply_chat_template(messages)
+        return self.llm.prompt.apply_chat_template(messages, variables=self.variables)
 
     def _add_turn(self, user_text: str, reply_text: str) -> None:
         self.messages = [*self.messages, {"role": "user", "content": user_text},

@@ -1,4 +1,4 @@
-"""`mnngpu run | chat | serve | bench | inspect | diff`: the command line.
+"""`mnngpu run | chat | serve | bench | inspect | diff | pull | list | rm`: the command line.
 
 Each subcommand lives in mnngpu/apps/commands/<name>.py with `register(subparsers)`, which adds
 its parser and sets `func`. Whatever goes wrong, stderr gets one `error: ...` line and no
@@ -20,7 +20,9 @@ import warnings
 from mnngpu import __version__
 from mnngpu.errors import InputError, MnnGpuError
 
-COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff")
+COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff", "pull", "list", "rm")
+HUB_NOTE = ("A MODEL may be a Hugging Face Hub repo id ORG/NAME[@REVISION]: fetched into huggingface_hub's cache "
+            "(HF_HOME), from HF_ENDPOINT, or used from the cache with no network under HF_HUB_OFFLINE=1.")
 
 # At exit the collector would walk numba's hundreds of thousands of objects again and again as
 # the modules go (up to a second of a short run); frozen, it skips them, and the process ends anyway.
@@ -36,7 +38,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of `only`: a run imports no other command's code."""
-    parser = ArgumentParser(prog="mnngpu", description="Run MNN-exported LLMs on CPU, OpenCL, Vulkan and CUDA.")
+    parser = ArgumentParser(prog="mnngpu", description="Run MNN-exported LLMs on CPU, OpenCL, Vulkan and CUDA.",
+                            epilog=HUB_NOTE)
     parser.add_argument("--version", action="version", version=f"mnngpu {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     subparsers = parser.add_subparsers(dest="command", required=True)

@@ -39,11 +39,14 @@ from starlette.testclient import TestClient
 from mnngpu import llm
 from mnngpu.apps.server.app import create_app
 from mnngpu.apps.server.engine import ServedModel
-from mnngpu.apps.server.fields import CHAT, COMPLETIONS, FIELDS, REFUSED
+from mnngpu.apps.server.fields import CHAT, COMPLETIONS, FIELDS, REFUSED, field_names
+from mnngpu.apps.server.fields import MESSAGES as MESSAGES_API
+from mnngpu.apps.server.fields import RESPONSES as RESPONSES_API
 from mnngpu.demo import demo_model_dir
 
 # Requests per test; together at least 5,000.
-EXAMPLES = {"chat": 1700, "completions": 1700, "tokenize": 700, "detokenize": 500, "not_json": 500, "nested": 300}
+EXAMPLES = {"chat": 1700, "completions": 1700, "tokenize": 700, "detokenize": 500, "messages": 700, "responses": 700,
+            "not_json": 500, "nested": 400}
 NEW_TOKENS = st.integers(1, 2)   # what valid requests generate at most, so the run stays short
 MAX_STOP, MAX_TOP_LOGPROBS, MAX_CHOICES = 4, 20, 128
 MAX_DEPTH = 100   # the deepest a body may nest arrays and objects, the body itself being level 1
@@ -433,10 +436,14 @@ def _decodes_to_object(raw: bytes) -> bool:
 VALID = {"chat": valid_chat, "completions": valid_completion,
          "tokenize": lambda vocab: st.fixed_dictionaries({"prompt": WORDS}),
          "detokenize": lambda vocab: st.fixed_dictionaries({"tokens": st.lists(st.integers(0, vocab - 1),
-                                                                               max_size=8)})}
+                                                                               max_size=8)}),
+         "messages": lambda vocab: st.fixed_dictionaries({"messages": st.just([{"role": "user", "content": "hi"}]),
+                                                          "max_tokens": NEW_TOKENS}),
+         "responses": lambda vocab: st.fixed_dictionaries({"input": WORDS, "max_output_tokens": NEW_TOKENS})}
 NESTED_FIELDS = {"chat": ["messages", "metadata", "tools", "response_format", "logit_bias", "stop"],
                  "completions": ["prompt", "logit_bias", "stop", "user"], "tokenize": ["prompt"],
-                 "detokenize": ["tokens"]}
+                 "detokenize": ["tokens"], "messages": ["messages", "system", "metadata", "tools"],
+                 "responses": ["input", "metadata", "text", "tools"]}
 OPENERS = {"[": "]", '{"k": ': "}", '{"type": "object", "properties": ': "}", "[1, ": "]"}
 
 
@@ -448,7 +455,8 @@ def nested_cases(draw, vocab: int) -> tuple[str, Case]:
     endpoint = draw(st.sampled_from(sorted(NESTED_FIELDS)))
     depth = draw(st.integers(MAX_DEPTH - 3, MAX_DEPTH + 3) | st.integers(2, MAX_DEPTH)
                  | st.integers(MAX_DEPTH + 1, 3000))
-    unknown = NAMES.filter(lambda n: n not in FIELDS and n not in TOKENIZE_FIELDS and n != "tokens")
+    unknown = NAMES.filter(lambda n: n not in FIELDS and n not in TOKENIZE_FIELDS and n != "tokens"
+                           and n not in field_names(MESSAGES_API) | field_names(RESPONSES_API))
     name = draw(st.sampled_from(NESTED_FIELDS[endpoint]) | unknown)
     pattern = draw(st.lists(st.sampled_from(sorted(OPENERS)), min_size=1, max_size=4))
     opens = (pattern * depth)[:depth - 1]
@@ -472,13 +480,266 @@ LIMIT_CASES = [at_the_limit(endpoint, body, name, depth) for depth in (MAX_DEPTH
                    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, "metadata"),
                    ("completions", {"prompt": "hi", "max_tokens": 1}, "user"),
                    ("tokenize", {"add_special_tokens": True}, "prompt"),
-                   ("detokenize", {"model": "demo"}, "tokens")]]
+                   ("detokenize", {"model": "demo"}, "tokens"),
+                   ("messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, "metadata"),
+                   ("responses", {"input": "hi", "max_output_tokens": 1}, "metadata")]]
+
+
+# ---- Anthropic's messages ----------------------------------------------------------------------------
+
+ANTHROPIC_ROLES = ("user", "assistant")
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+
+
+def is_stop_list(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= MAX_STOP and all(isinstance(s, str) and s for s in value)
+
+
+# the rules of the sampling fields: Anthropic's (temperature 0 to 1, top_k at least 1)
+MESSAGES_RULES = {
+    "max_tokens": ints_from(1),
+    "temperature": in_range(0, 1),
+    "top_p": in_range(0, 1, low_open=True),
+    "top_k": ints_from(1),
+    "stop_sequences": is_stop_list,
+    "stream": lambda v: isinstance(v, bool),
+}
+
+
+def text_blocks() -> st.SearchStrategy:
+    return st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+
+
+def anthropic_turn() -> st.SearchStrategy:
+    plain = st.fixed_dictionaries({"role": st.sampled_from(ANTHROPIC_ROLES), "content": TEXT | text_blocks()})
+    use = st.fixed_dictionaries({"type": st.just("tool_use"), "id": NAMES, "name": NAMES,
+                                 "input": st.dictionaries(NAMES, st.integers() | TEXT, max_size=2)})
+    caller = st.fixed_dictionaries({"role": st.just("assistant"), "content": st.lists(use, min_size=1, max_size=2)})
+    result = st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": NAMES},
+                                   optional={"content": TEXT | text_blocks(), "is_error": st.booleans()})
+    answer = st.fixed_dictionaries({"role": st.just("user"), "content": st.lists(result, min_size=1, max_size=2)})
+    return st.one_of(plain, plain, caller, answer)
+
+
+@st.composite
+def valid_messages(draw, vocab: int) -> dict:
+    optional = {"system": TEXT | text_blocks(), "temperature": st.floats(0, 1),
+                "top_p": st.floats(0, 1, exclude_min=True), "top_k": st.integers(1, 50),
+                "stop_sequences": st.lists(WORDS, max_size=MAX_STOP), "model": TEXT,
+                "stream": st.booleans(), "metadata": JUNK, "thinking": st.just({"type": "disabled"}),
+                "service_tier": JUNK, "cache_control": JUNK}
+    last = st.fixed_dictionaries({"role": st.just("user"), "content": TEXT | text_blocks()})
+    turns = st.tuples(st.lists(anthropic_turn(), max_size=2), last).map(lambda pair: [*pair[0], pair[1]])
+    return draw(st.fixed_dictionaries({"messages": turns, "max_tokens": NEW_TOKENS}, optional=optional))
+
+
+@st.composite
+def broken_block(draw, where: str, role: str) -> tuple[Any, str]:
+    """A content block with one thing wrong, and the param its error must name."""
+    kind = draw(st.sampled_from(["junk", "type", "text", "extra", "image", "media_type", "tool_use", "input"]))
+    if kind == "junk":
+        return draw(JUNK.filter(lambda v: not isinstance(v, dict))), where
+    if kind == "type":
+        return {"type": draw(WORDS.filter(lambda t: t not in ("text", "image", "tool_use", "tool_result", "thinking",
+                                                              "redacted_thinking")))}, f"{where}.type"
+    if kind == "text":
+        return {"type": "text", "text": draw(SOME_JUNK.filter(lambda v: not isinstance(v, str)))}, f"{where}.text"
+    if kind == "extra":
+        name = draw(NAMES.filter(lambda n: n not in ("type", "text", "cache_control", "citations")))
+        return {"type": "text", "text": "a", name: draw(SOME_JUNK)}, f"{where}.{name}"
+    if kind == "image":
+        url = draw(TEXT.filter(lambda u: not u.startswith("data:")))
+        return {"type": "image", "source": {"type": "url", "url": url}}, f"{where}.source.url"
+    if kind == "media_type":
+        bad = draw(SOME_JUNK.filter(lambda v: not isinstance(v, str)) | TEXT.filter(lambda t: "/" not in t))
+        return {"type": "image", "source": {"type": "base64", "media_type": bad, "data": "AA=="}}, f"{where}.source"
+    if kind == "tool_use" and role == "user":
+        return {"type": "tool_use", "id": "a", "name": "f", "input": {}}, f"{where}.type"
+    bad_input = SOME_JUNK.filter(lambda v: not isinstance(v, dict))
+    return {"type": "tool_use", "id": "a", "name": "f", "input": draw(bad_input)}, f"{where}"
+
+
+@st.composite
+def broken_turn(draw, index: int) -> tuple[Any, str]:
+    where = f"messages[{index}]"
+    kind = draw(st.sampled_from(["junk", "role", "extra", "content", "block", "surrogate"]))
+    if kind == "junk":
+        return draw(JUNK.filter(lambda v: not isinstance(v, dict))), where
+    if kind == "role":
+        return {"role": draw(WORDS.filter(lambda r: r not in (*ANTHROPIC_ROLES, "system"))), "content": "a"}, \
+            f"{where}.role"
+    if kind == "extra":
+        name = draw(NAMES.filter(lambda n: n not in ("role", "content")))
+        return {"role": "user", "content": "a", name: draw(SOME_JUNK)}, f"{where}.{name}"
+    if kind == "content":
+        bad = SOME_JUNK.filter(lambda v: not isinstance(v, str | list))
+        return {"role": draw(st.sampled_from(ANTHROPIC_ROLES)), "content": draw(bad)}, f"{where}.content"
+    if kind == "surrogate":
+        return {"role": "user", "content": [{"type": "text", "text": draw(LONE_SURROGATE_TEXT)}]}, where
+    role = draw(st.sampled_from(ANTHROPIC_ROLES))
+    block, param = draw(broken_block(f"{where}.content[1]", role))
+    return {"role": role, "content": [{"type": "text", "text": "a"}, block]}, param
+
+
+def refused_row(endpoint: str):
+    """(name, values that ask for something) of each refused field of `endpoint`'s own rows."""
+    rows = [(key.rpartition(":")[2], row) for key, row in FIELDS.items()
+            if endpoint in row.endpoints and row.status == REFUSED]
+    return st.sampled_from(rows).flatmap(lambda pair: st.tuples(st.just(pair[0]), JUNK.filter(
+        lambda v, row=pair[1]: v is not None and not row.asks_nothing(v))))
+
+
+@st.composite
+def messages_cases(draw, vocab: int) -> Case:
+    body = draw(valid_messages(vocab))
+    kind = draw(st.sampled_from(["rule", "turn", "valid", "unknown", "refused", "messages", "system", "valid",
+                                 "tools", "tool_choice", "prefill"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "rule":
+        name = draw(st.sampled_from(sorted(MESSAGES_RULES)))
+        return Case({**body, name: draw(breaking(MESSAGES_RULES[name]))}, "bad", name)
+    if kind == "unknown":
+        name = draw(NAMES.filter(lambda n: n not in field_names(MESSAGES_API)))
+        return Case({**body, name: draw(SOME_JUNK)}, "bad", name)
+    if kind == "refused":
+        name, value = draw(refused_row(MESSAGES_API))
+        return Case({**body, name: value}, "bad", name)
+    if kind == "messages":
+        bad = SOME_JUNK.filter(lambda v: not (isinstance(v, list) and v)) | st.just([])
+        return Case({**body, "messages": draw(bad)}, "bad", "messages")
+    if kind == "system":
+        return Case({**body, "system": draw(SOME_JUNK.filter(lambda v: not isinstance(v, str | list)))}, "bad",
+                    "system")
+    if kind == "prefill":
+        ending = draw(st.fixed_dictionaries({"role": st.just("assistant"), "content": TEXT | text_blocks()}))
+        return Case({**body, "messages": [*body["messages"], ending]}, "bad", f"messages[{len(body['messages'])}]")
+    if kind == "turn":
+        index = draw(st.integers(0, len(body["messages"])))
+        wrong, param = draw(broken_turn(index))
+        return Case({**body, "messages": [*body["messages"][:index], wrong, *body["messages"][index:]]}, "bad", param)
+    if kind == "tool_choice":
+        junk = SOME_JUNK.filter(lambda v: not (isinstance(v, dict) and v.get("type") in ("auto", "any", "none")))
+        return Case({**body, "tool_choice": draw(junk)}, "bad", "tool_choice")
+    tools = st.lists(st.fixed_dictionaries({"name": NAMES}, optional={"input_schema": JUNK, "description": JUNK}),
+                     max_size=2)
+    choice = st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]) | JUNK
+    return Case({**body, "tools": draw(tools), "tool_choice": draw(choice)}, "either", "tool")
+
+
+# ---- OpenAI's responses ---------------------------------------------------------------------------------
+
+RESPONSES_RULES = {
+    "max_output_tokens": ints_from(1),
+    "temperature": in_range(0, 2),
+    "top_p": in_range(0, 1, low_open=True),
+    "stream": lambda v: isinstance(v, bool),
+    "store": lambda v: isinstance(v, bool),
+    "parallel_tool_calls": lambda v: isinstance(v, bool),
+}
+
+
+def response_items() -> st.SearchStrategy:
+    part = st.fixed_dictionaries({"type": st.just("input_text"), "text": TEXT})
+    said = st.fixed_dictionaries({"type": st.just("output_text"), "text": TEXT})
+    message = st.fixed_dictionaries({"role": st.sampled_from(("user", "system", "developer")),
+                                     "content": TEXT | st.lists(part, max_size=2)})
+    answer = st.fixed_dictionaries({"type": st.just("message"), "role": st.just("assistant"),
+                                    "content": st.lists(said, max_size=2)})
+    arguments = st.dictionaries(NAMES, st.integers() | TEXT, max_size=2).map(json.dumps)
+    call = st.fixed_dictionaries({"type": st.just("function_call"), "call_id": NAMES, "name": NAMES,
+                                  "arguments": arguments})
+    output = st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": NAMES, "output": TEXT})
+    return st.lists(st.one_of(message, message, answer, call, output), min_size=1, max_size=3)
+
+
+@st.composite
+def valid_responses(draw, vocab: int) -> dict:
+    optional = {"instructions": TEXT, "temperature": st.floats(0, 2), "top_p": st.floats(0, 1, exclude_min=True),
+                "stream": st.booleans(), "store": st.booleans(), "metadata": JUNK, "user": TEXT, "model": TEXT,
+                "text": st.just({"format": {"type": "text"}}), "truncation": st.just("disabled"),
+                "include": st.just([]), "top_logprobs": st.just(0), "background": st.just(False),
+                "parallel_tool_calls": st.booleans()}
+    return draw(st.fixed_dictionaries({"input": WORDS | response_items(), "max_output_tokens": NEW_TOKENS},
+                                      optional=optional))
+
+
+@st.composite
+def broken_item(draw, index: int) -> tuple[Any, str]:
+    where = f"input[{index}]"
+    kind = draw(st.sampled_from(["junk", "type", "role", "extra", "content", "part", "arguments", "call_id",
+                                 "surrogate", "image"]))
+    if kind == "junk":
+        return draw(JUNK.filter(lambda v: not isinstance(v, dict))), where
+    if kind == "type":
+        return {"type": draw(WORDS.filter(lambda t: t not in ("message", "function_call", "function_call_output",
+                                                               "reasoning")))}, f"{where}.type"
+    if kind == "role":
+        return {"role": draw(WORDS.filter(lambda r: r not in ("user", "system", "developer", "assistant"))),
+                "content": "a"}, f"{where}.role"
+    if kind == "extra":
+        name = draw(NAMES.filter(lambda n: n not in ("type", "role", "content", "id", "status")))
+        return {"role": "user", "content": "a", name: draw(SOME_JUNK)}, f"{where}.{name}"
+    if kind == "content":
+        return {"role": "user", "content": draw(SOME_JUNK.filter(lambda v: not isinstance(v, str | list)))}, \
+            f"{where}.content"
+    if kind == "part":
+        part = draw(JUNK.filter(lambda v: not (isinstance(v, dict) and v.get("type") in (
+            "input_text", "output_text", "refusal", "input_image"))))
+        return {"role": "user", "content": [{"type": "input_text", "text": "a"}, part]}, f"{where}.content[1]"
+    if kind == "arguments":
+        bad = TEXT.filter(lambda t: not _is_json_object(t)) | SOME_JUNK.filter(lambda v: not isinstance(v, str | dict))
+        return {"type": "function_call", "call_id": "c", "name": "f", "arguments": draw(bad)}, f"{where}.arguments"
+    if kind == "call_id":
+        return {"type": "function_call_output", "call_id": draw(SOME_JUNK.filter(lambda v: not isinstance(v, str))),
+                "output": "x"}, f"{where}.call_id"
+    if kind == "image":
+        url = draw(TEXT.filter(lambda u: not u.startswith("data:")))
+        return {"role": "user", "content": [{"type": "input_image", "image_url": url}]}, f"{where}.content[0]"
+    return {"role": "user", "content": draw(LONE_SURROGATE_TEXT)}, where
+
+
+@st.composite
+def responses_cases(draw, vocab: int) -> Case:
+    body = draw(valid_responses(vocab))
+    kind = draw(st.sampled_from(["rule", "item", "valid", "unknown", "refused", "input", "previous", "valid",
+                                 "text", "tools"]))
+    if kind == "valid":
+        return Case(body, "valid")
+    if kind == "rule":
+        name = draw(st.sampled_from(sorted(RESPONSES_RULES)))
+        return Case({**body, name: draw(breaking(RESPONSES_RULES[name]))}, "bad", name)
+    if kind == "unknown":
+        name = draw(NAMES.filter(lambda n: n not in field_names(RESPONSES_API)))
+        return Case({**body, name: draw(SOME_JUNK)}, "bad", name)
+    if kind == "refused":
+        name, value = draw(refused_row(RESPONSES_API))
+        return Case({**body, name: value}, "bad", name)
+    if kind == "input":
+        bad = SOME_JUNK.filter(lambda v: not isinstance(v, str | list)) | st.just([])
+        return Case({**body, "input": draw(bad)}, "bad", "input")
+    if kind == "previous":
+        return Case({**body, "previous_response_id": draw(TEXT)}, "bad", "previous_response_id")
+    if kind == "item":
+        items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+        index = draw(st.integers(0, len(items)))
+        wrong, param = draw(broken_item(index))
+        return Case({**body, "input": [*items[:index], wrong, *items[index:]]}, "bad", param)
+    if kind == "text":
+        form = st.fixed_dictionaries({"type": st.sampled_from(["json_schema", "json_object", "yaml"])},
+                                     optional={"name": NAMES, "schema": JUNK})
+        return Case({**body, "text": draw(SOME_JUNK.filter(lambda v: not isinstance(v, dict))
+                                          | st.fixed_dictionaries({"format": form}))}, "either", "text")
+    tools = st.lists(st.fixed_dictionaries({"type": st.just("function"), "name": NAMES},
+                                           optional={"parameters": JUNK, "description": JUNK}), max_size=2)
+    choice = st.sampled_from(["none", "auto", "required"]) | JUNK
+    return Case({**body, "tools": draw(tools), "tool_choice": draw(choice)}, "either", "tool")
 
 
 # ---- the check -------------------------------------------------------------------------------------
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "tokenize": "/tokenize",
-         "detokenize": "/detokenize"}
+         "detokenize": "/detokenize", "messages": "/v1/messages", "responses": "/v1/responses"}
 
 
 @pytest.fixture(scope="module")
@@ -507,10 +768,13 @@ def check(client: TestClient, endpoint: str, case: Case) -> int:
     assert status in (400, 422), f"{case}: {status} {response.text}"
     error = response.json()["error"]
     assert error["message"] and error["type"] == "invalid_request_error", f"{case}: {error}"
+    if endpoint == "messages":   # Anthropic's shape: {"type": "error", "error": {"type", "message", "param"}}
+        assert response.json()["type"] == "error" and "code" not in error, f"{case}: {error}"
     if case.expect == "not_json":
         assert error["param"] is None, f"{case}: {error}"
     elif case.expect == "too_deep":
-        assert status == 400 and error["code"] == "nested_too_deep" and error["param"] is None, f"{case}: {error}"
+        deep = "levels deep" in error["message"] if endpoint == "messages" else error["code"] == "nested_too_deep"
+        assert status == 400 and deep and error["param"] is None, f"{case}: {error}"
     elif case.expect == "either" and case.param == "tool":
         assert names(error["param"], "tools") or names(error["param"], "tool_choice"), f"{case}: {error}"
     else:
@@ -526,6 +790,9 @@ def check_reply(endpoint: str, body: dict, response) -> None:
     if endpoint == "detokenize":
         assert isinstance(response.json()["prompt"], str)
         return
+    if endpoint in ("messages", "responses"):
+        check_agent_reply(endpoint, body, response)
+        return
     if body.get("stream"):
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.text.rstrip().endswith("data: [DONE]") and '"error"' not in response.text, response.text
@@ -536,6 +803,25 @@ def check_reply(endpoint: str, body: dict, response) -> None:
     choices = response.json()["choices"]
     assert len(choices) == len(prompts) * body.get("n", 1)
     assert all(c["finish_reason"] in ("stop", "length", "tool_calls") for c in choices), choices
+
+
+def check_agent_reply(endpoint: str, body: dict, response) -> None:
+    """A Messages reply ends with message_stop (streamed) or has its content and stop_reason; a
+    Responses reply ends with response.completed or .incomplete, or has its output and status."""
+    if body.get("stream"):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        last = response.text.rstrip().rsplit("\n\n", 1)[-1]
+        ends = ("event: message_stop",) if endpoint == "messages" else ("event: response.completed",
+                                                                        "event: response.incomplete")
+        assert last.startswith(ends) and "event: error" not in response.text, response.text
+        return
+    reply = response.json()
+    if endpoint == "messages":
+        assert reply["type"] == "message" and reply["content"], reply
+        assert reply["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence", "tool_use"), reply
+    else:
+        assert reply["object"] == "response" and reply["output"], reply
+        assert reply["status"] in ("completed", "incomplete"), reply
 
 
 # each fuzz test's responses, counted by status as they come back: the last test adds them up
@@ -579,6 +865,14 @@ def test_tokenize_bodies(server):
 
 def test_detokenize_bodies(server):
     run_fuzz(server, "detokenize", detokenize_cases)
+
+
+def test_anthropic_messages_bodies(server):
+    run_fuzz(server, "messages", messages_cases)
+
+
+def test_openai_responses_bodies(server):
+    run_fuzz(server, "responses", responses_cases)
 
 
 def test_bodies_that_are_not_json_objects(server):

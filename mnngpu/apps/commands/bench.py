@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from mnngpu.apps import bench
-from mnngpu.apps.commands.common import add_speculative_argument
+from mnngpu.apps.commands.common import add_speculative_argument, resolve_model
 
 
 def _ints(text: str) -> list[int]:
@@ -33,7 +32,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="llm_bench: prefill and decode speed", allow_abbrev=False,
                                    description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", action="append", type=_list, default=[],
-                        help="model folder(s) or config.json, comma-separated (default: the bundled demo model)")
+                        help="model folder(s), config.json or Hub repo ids ORG/NAME[@REVISION], comma-separated "
+                             "(default: the bundled demo model)")
     parser.add_argument("-a", "--backends", type=_list, default=["cpu"], help="cpu, opencl, vulkan, cuda")
     cores = _cores()
     parser.add_argument("-t", "--threads", type=_ints, default=[cores],
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    models = [Path(m) for group in args.model for m in group]
+    models = [resolve_model(m)[0] for group in args.model for m in group]   # a folder, or a Hub repo id
     if not models:
         from mnngpu.demo import demo_model_dir
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from mnngpu.config import CONFIG_FLAG, CommandLine
-from mnngpu.errors import ConfigError
+from mnngpu.errors import ConfigError, InputError
 
 SAMPLER_FLAGS = {  # flag -> (config key, type)
     "sampler": ("sampler_type", str), "temperature": ("temperature", float), "top_k": ("top_k", int),
@@ -23,8 +23,12 @@ SAMPLER_FLAGS = {  # flag -> (config key, type)
 }
 
 
+MODEL_HELP = ("model folder or its config.json, or a Hugging Face Hub repo id ORG/NAME[@REVISION], fetched into "
+              "huggingface_hub's cache (default: the bundled demo model)")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help="model folder or its config.json (default: the bundled demo model)")
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
     parser.add_argument("--backend", help="backend_type: cpu, opencl, vulkan or cuda")
     parser.add_argument("-t", "--threads", type=int, help="thread_num")
     parser.add_argument("--precision", choices=["low", "normal", "high"])
@@ -90,11 +94,32 @@ def overrides_from(args: argparse.Namespace) -> dict:
 
 
 def model_path(args: argparse.Namespace) -> Path:
-    if args.model:
-        return Path(args.model)
-    from mnngpu.demo import demo_model_dir
+    """The folder (or config.json) the model argument names: the demo model without one, and a Hub
+    repo id's cached folder (mnngpu/hub.py), which `serve` names by the repo id."""
+    if not args.model:
+        from mnngpu.demo import demo_model_dir
 
-    return demo_model_dir()
+        return demo_model_dir()
+    path, repo_id = resolve_model(args.model)
+    if repo_id and getattr(args, "model_name", False) is None:
+        args.model_name = repo_id
+    return path
+
+
+def resolve_model(text: str) -> tuple[Path, str | None]:
+    """An existing file or folder, else a Hub repo id ORG/NAME[@REVISION] fetched into the cache (with
+    the id); a path that does not exist is left to the loader's error."""
+    path = Path(text).expanduser()
+    if path.exists():
+        return path, None
+    from mnngpu import hub
+
+    name = hub.parse_model_name(text)
+    if name is not None:
+        return hub.model_folder(name), name.repo_id
+    if "/" in text or "\\" in text or text.startswith((".", "~")) or path.suffix in (".json", ".mnn"):
+        return path, None
+    raise InputError(f"'{text}' is neither a file or folder here nor {hub.NAME_FORM}", field="model")
 
 
 def load_model(args: argparse.Namespace, extra: dict[CommandLine, dict] | None = None):
@@ -141,7 +166,8 @@ def bind_kernels(model) -> None:
 
 
 def print_stats(context, out=None) -> None:
-    """llm_demo's closing statistics (to stderr unless told otherwise)."""
+    """llm_demo's closing statistics (to stderr unless told otherwise): the prompt's prefill and the
+    reply's decode steps, timed by the engine's context, load excluded."""
     out = out if out is not None else sys.stderr
     prefill_s = context.prefill_us / 1e6
     decode_s = context.decode_us / 1e6
@@ -155,3 +181,9 @@ def print_stats(context, out=None) -> None:
     print(f"prefill speed = {prefill_speed:.2f} tok/s", file=out)
     print(f"decode speed = {decode_speed:.2f} tok/s", file=out)
     print("#################################", file=out)
+    if context.gen_seq_len < STEADY_DECODE_TOKENS:
+        print(f"(speeds of this one reply, load excluded; {context.gen_seq_len} tokens time too "
+              f"little to be steady: `mnngpu bench` measures prefill and decode apart)", file=out)
+
+
+STEADY_DECODE_TOKENS = 32   # fewer decode steps than this time the clock's and the first steps' noise

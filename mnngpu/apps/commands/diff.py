@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from mnngpu.apps.commands.common import model_path, parse_override
+from mnngpu.apps.commands.common import MODEL_HELP, model_path, parse_override
 from mnngpu.apps.diff import DEFAULT_TOLERANCE, diff_backends, first_divergence, format_diffs
 from mnngpu.config import CONFIG_FLAG
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("diff", help="run one prompt on two backends and name the first op that differs")
-    parser.add_argument("model", nargs="?", help="model folder or its config.json (default: the bundled demo model)")
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
     parser.add_argument("--backends", default="cpu,vulkan", help="the two backends, comma-separated (default cpu,vulkan)")
     parser.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt text (fed raw, no template)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
-from mnngpu.apps.commands.common import model_path, parse_override
+from mnngpu.apps.commands.common import MODEL_HELP, model_path, parse_override
 from mnngpu.apps.inspect import format_inspect_table, inspect_model, placement_on, placement_rows
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("inspect", help="describe a model folder")
-    parser.add_argument("model", nargs="?", help="model folder or its config.json (default: the bundled demo model)")
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     parser.add_argument("--backend", help="load the model on this backend and list where every op runs")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",

@@ -2,12 +2,15 @@
 
 Without -p the prompt is read from stdin when stdin is a pipe or a file (`echo hi | mnngpu run`);
 on a terminal, or when stdin holds no text (/dev/null), it is DEFAULT_PROMPT, as --help says.
+A thinking model's thinking is shown apart from its answer, as `mnngpu chat` shows it (hidden with
+--no-think).
 """
 
 from __future__ import annotations
 
 import sys
 
+from mnngpu.apps.commands.chat import add_think_argument, reply_printer
 from mnngpu.apps.commands.common import add_model_arguments, add_speculative_argument, load_model, print_stats
 
 DEFAULT_PROMPT = "Once upon a time"
@@ -26,6 +29,7 @@ def register(subparsers) -> None:
                         help="a WAV file the prompt starts with, for an audio model (repeatable; the same as "
                              "writing <audio>FILE</audio> in the prompt)")
     add_speculative_argument(parser)
+    add_think_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,12 +49,14 @@ def media_prompt(model, args) -> str:
         raise InputError("this model has no audio module (is_audio is false)", path=args.audio[0], field="--audio")
     if args.image and not model.config.get("is_visual"):
         raise InputError("this model has no vision module (is_visual is false)", path=args.image[0], field="--image")
-    return "".join(f"<img>{path}</img>" for path in args.image) + "".join(f"<audio>{path}</audio>" for path in args.audio)
+    images = "".join(f"<img>{path}</img>" for path in args.image)
+    return images + "".join(f"<audio>{path}</audio>" for path in args.audio)
 
 
 def run(args) -> int:
     from mnngpu import jit
     from mnngpu.apps.chat import PromptCache, generate_reply
+    from mnngpu.apps.server.reasoning import detect_thinking
     from mnngpu.config import CommandLine
 
     extra = {CommandLine("--no-template"): {"use_template": False}} if args.no_template else {}
@@ -59,17 +65,25 @@ def run(args) -> int:
     model = load_model(args, extra)
     prompt = media_prompt(model, args) + read_prompt(args)  # after the model: a bad folder is reported first
     started = []
+    text = model.prompt.apply_chat_template(prompt)
+    thinking = detect_thinking(model.prompt, model.tokenizer) if model.prompt.use_template else None
+    printer = reply_printer(sys.stdout, thinking, thinking is not None and thinking.opens_block(text),
+                            not args.no_think)
 
     def show(piece: str) -> None:
         if not started:   # the prefill's new kernels (an image's) are known now: say so before the reply
             jit.announce()
             started.append(True)
-        if piece:   # a token inside an unfinished UTF-8 sequence or a hidden special token shows nothing
+        if printer is not None:
+            printer(piece)
+        elif piece:   # a token inside an unfinished UTF-8 sequence or a hidden special token shows nothing
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-    text = model.prompt.apply_chat_template(prompt)
-    generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special)
+    shown = frozenset() if thinking is None else thinking.special_ids
+    generate_reply(model, PromptCache(model), text, on_text=show, show_special=args.show_special, shown_ids=shown)
+    if printer is not None:
+        printer.finish()
     sys.stdout.write("\n")
     sys.stdout.flush()
     jit.announce()

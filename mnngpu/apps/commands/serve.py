@@ -17,6 +17,7 @@ import threading
 
 from mnngpu.apps.commands.common import add_model_arguments, load_model
 from mnngpu.errors import InputError, MnnGpuError
+from mnngpu.model_label import model_label
 
 
 def _port(text: str) -> int:
@@ -42,6 +43,13 @@ def _int(text: str, field: str) -> int:
         raise InputError(f"expected an integer, got '{text}'", field=field) from None
 
 
+def _budget(text: str) -> int:
+    value = _int(text, "--reasoning-budget")
+    if value < -1:
+        raise InputError(f"expected -1 (no bound) or a number of tokens, got {value}", field="--reasoning-budget")
+    return value
+
+
 def register(subparsers) -> None:
     from mnngpu.generation.batch import DEFAULT_SLOTS
 
@@ -64,6 +72,13 @@ def register(subparsers) -> None:
     parser.add_argument("--parallel", "-np", type=positive("--parallel"), default=None,
                         help="slots: requests generated at once, their decode rows batched in one forward "
                              f"(default: {DEFAULT_SLOTS} where the model and backend batch, else 1)")
+    parser.add_argument("--reasoning-format", choices=["auto", "none"], default="auto",
+                        help="auto: a thinking model's reply comes back as reasoning_content and content; none: "
+                             "all of it in content (default: %(default)s)")
+    parser.add_argument("--reasoning-budget", type=_budget, default=-1, metavar="N",
+                        help="tokens a thinking model may think before the server closes its think block; 0 "
+                             "closes it at once, -1 is no bound; a request's thinking_budget_tokens overrides it "
+                             "(default: %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="no access or error lines")
     parser.set_defaults(func=run)
 
@@ -116,9 +131,10 @@ class ModelLoad(threading.Thread):
             model = load_model(args)
             jit.hold_notices(False)   # from now on a notice is a line of the server's log as it happens
             base_dir = model.config.base_dir
-            served = ServedModel(model, args.model_name or base_dir.name, args.max_queue,
+            served = ServedModel(model, args.model_name or model_label(base_dir), args.max_queue,
                                  created=int(base_dir.stat().st_mtime), show_special=args.show_special,
-                                 parallel=args.parallel or default_slots(model))
+                                 parallel=args.parallel or default_slots(model),
+                                 reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget)
         except BaseException as exc:  # noqa: BLE001 (raised again on the main thread, once the server stopped)
             self.failure = exc
             self.server.should_exit = True

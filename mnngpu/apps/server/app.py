@@ -3,19 +3,25 @@ endpoints an operator or an evaluation harness uses.
 
     POST /v1/chat/completions   {"messages": [...], "stream": false, "max_tokens": 64, ...}
     POST /v1/completions        {"prompt": "..." | [...] | [ids] | [[ids], ...], "echo": true, "logprobs": 1, ...}
+    POST /v1/messages           Anthropic's Messages API (anthropic_messages.py), translated onto the chat route
+    POST /v1/messages/count_tokens   {"messages": [...], ...} -> {"input_tokens": n}
+    POST /v1/responses          OpenAI's Responses API (openai_responses.py), translated onto the chat route
+    GET  /v1/responses/{id}     a stored response
     GET  /v1/models, /v1/models/{id}
     GET  /health                200 {"status": "ok"} once the model is loaded, 503 while it loads or stops
     POST /tokenize              {"prompt": "..."} or {"messages": [...]} -> {"tokens": [...], "count": n}
     POST /detokenize            {"tokens": [...]} -> {"prompt": "..."}
     GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template
     GET  /metrics               Prometheus's text format: requests, tokens, queue, KV cache, latencies
+    GET  /                      the chat page (page/index.html), a client of the routes above
 
 Chat requests may ask for structured output (`response_format`, run by structured.py) and offer
 tools (tool_calls.py). A streamed reply is a server-sent event per piece of text (or of a tool
 call), then `data: [DONE]`. Request bodies larger than `max_body_bytes` get 413, bodies nested
 deeper than MAX_JSON_DEPTH get 400, an unknown path gets 404 listing the routes; any refused
 request gets a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}` body; a
-streamed request is checked before its stream starts, so it gets its 4xx status too. Every
+streamed request is checked before its stream starts, so it gets its 4xx status too (the
+Messages routes answer in Anthropic's error shape, `{"type": "error", "error": {...}}`). Every
 request makes one access line (logger "mnngpu.access") and is counted in /metrics once its
 status is sent, every failure makes an error line (logger "mnngpu.server").
 """
@@ -31,6 +37,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from http import HTTPStatus
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -39,9 +46,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from mnngpu.apps.server import anthropic_messages, openai_responses
 from mnngpu.apps.server.choice import Piece
 from mnngpu.apps.server.engine import Job, ModelSlot, Result, ServedModel
 from mnngpu.apps.server.metrics import ServerMetrics
+from mnngpu.apps.server.page import chat_page
 from mnngpu.apps.server.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     ApiError,
@@ -53,6 +62,8 @@ from mnngpu.apps.server.protocol import (
 )
 from mnngpu.apps.server.replies import ResponseShape
 from mnngpu.apps.server.tokens import detokenize, tokenize
+from mnngpu.apps.server.translation import ParamMap, renamed
+from mnngpu.errors import MnnGpuError
 
 
 def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
@@ -62,8 +73,13 @@ def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MA
     metrics = ServerMetrics(routes, slot)
     api = OpenAiApi(slot, max_body_bytes, metrics)
     routes += [
+        Route("/", chat_page, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", api.response, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
@@ -130,11 +146,35 @@ def _phrase(status: int) -> str:
         return ""
 
 
+class ReplyFormat(Protocol):
+    """How a route shapes the chat route's reply (its chat.completion body) and stream (its chunks)."""
+
+    def body(self, completion: dict, result: Result) -> dict: ...
+
+    def events(self, chunks: AsyncIterator[dict], future: Future) -> AsyncIterator[str]: ...
+
+
+class OpenAiReply:
+    """Chat completions and completions: the body as it is, each chunk an event, then [DONE]."""
+
+    def body(self, completion: dict, result: Result) -> dict:
+        return completion
+
+    async def events(self, chunks: AsyncIterator[dict], future: Future) -> AsyncIterator[str]:
+        async for chunk in chunks:
+            yield _event(chunk)
+        yield "data: [DONE]\n\n"
+
+
+OPENAI_REPLY = OpenAiReply()
+
+
 class OpenAiApi:
     def __init__(self, slot: ModelSlot, max_body_bytes: int, metrics: ServerMetrics):
         self.slot = slot
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.stored = openai_responses.ResponseStore()
 
     @property
     def served(self) -> ServedModel:
@@ -173,25 +213,64 @@ class OpenAiApi:
 
     async def chat_completions(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
+        return await self._generate(request, parsed, [self._chat_prompt(parsed)], chat=True)
+
+    def _chat_prompt(self, parsed: GenerationRequest) -> str:
         parsed.messages = for_template(parsed.messages, self.served.chat_template())
-        prompt = self.served.chat_prompt(parsed.messages, parsed)
-        return await self._generate(request, parsed, [prompt], chat=True)
+        return self.served.chat_prompt(parsed.messages, parsed)
 
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request, self.max_body_bytes))
         return await self._generate(request, parsed, parsed.prompts, chat=False)
 
-    async def _generate(self, request: Request, parsed: GenerationRequest, prompts: list, chat: bool) -> Response:
+    async def messages(self, request: Request) -> Response:
+        try:
+            body = await read_json(request, self.max_body_bytes)
+            parsed, reply = anthropic_messages.parse(body, self.served.name)
+            with _own_names(reply.params):
+                prompt = self._chat_prompt(parsed)
+                if parsed.stream:
+                    reply.input_tokens = self._count(prompt, parsed)
+                return await self._generate(request, parsed, [prompt], chat=True, reply=reply)
+        except ApiError as exc:
+            return _refused(request, exc, anthropic_messages.error_body(exc))
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            body = await read_json(request, self.max_body_bytes)
+            parsed, reply = anthropic_messages.parse(body, self.served.name, count_only=True)
+            with _own_names(reply.params):
+                return JSONResponse({"input_tokens": self._count(self._chat_prompt(parsed), parsed)})
+        except ApiError as exc:
+            return _refused(request, exc, anthropic_messages.error_body(exc))
+
+    def _count(self, prompt: str, parsed: GenerationRequest) -> int:
+        try:
+            return self.served.llm.count_prompt_tokens(prompt, parsed.media)
+        except MnnGpuError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+
+    async def responses(self, request: Request) -> Response:
+        body = await read_json(request, self.max_body_bytes)
+        parsed, reply = openai_responses.parse(body, self.served.name, self.stored)
+        with _own_names(reply.params):
+            return await self._generate(request, parsed, [self._chat_prompt(parsed)], chat=True, reply=reply)
+
+    async def response(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.stored.find(request.path_params["response_id"]))
+
+    async def _generate(self, request: Request, parsed: GenerationRequest, prompts: list, chat: bool,
+                        reply: ReplyFormat = OPENAI_REPLY) -> Response:
         served = self.served
         job = served.new_job(prompts, parsed)
         shape = ResponseShape(chat, served.name, served.llm.tokenizer, parsed.logprobs is not None, parsed.tools)
         if parsed.stream:
-            return self._stream(request.scope, job, shape)
+            return self._stream(request.scope, job, shape, reply)
         result = await self._result_unless_gone(request, job)
         if result is None:
             return Response(status_code=499)  # nobody is listening any more
         request.scope[TOKENS_KEY] = result.usage.completion_tokens
-        return JSONResponse(shape.complete(result.choices, result.usage))
+        return JSONResponse(reply.body(shape.complete(result.choices, result.usage), result))
 
     async def _result_unless_gone(self, request: Request, job: Job) -> Result | None:
         result = asyncio.wrap_future(self.served.submit(job))
@@ -205,13 +284,22 @@ class OpenAiApi:
         job.cancel()
         return None
 
-    def _stream(self, scope: dict, job: Job, shape: ResponseShape) -> Response:
+    def _stream(self, scope: dict, job: Job, shape: ResponseShape, reply: ReplyFormat) -> Response:
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
         job.on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
         future = self.served.submit(job)  # a full queue is refused here, before any event is sent
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
-        return JobStream(job, _events(scope, shape, pieces, future, job.request.include_usage))
+        return JobStream(job, reply.events(_chunks(scope, shape, pieces, future, job.request.include_usage), future))
+
+
+@contextlib.contextmanager
+def _own_names(params: ParamMap):
+    """A translated request's refusals name its own fields, not the chat request's."""
+    try:
+        yield
+    except ApiError as exc:
+        raise renamed(exc, params) from None
 
 
 class JobStream(StreamingResponse):
@@ -228,33 +316,34 @@ class JobStream(StreamingResponse):
             self.job.cancel()
 
 
-async def _events(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, future: Future,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _chunks(scope: dict, shape: ResponseShape, pieces: asyncio.Queue, future: Future,
+                  include_usage: bool) -> AsyncIterator[dict]:
+    """The chat (or completions) stream's chunks; a failure after the status line has gone out
+    ends them with an error body."""
     opened, finished = {0}, set()
-    yield _event(shape.first_chunk(0))
+    yield shape.first_chunk(0)
     while (piece := await pieces.get()) is not None:
         if piece.index not in opened:
             opened.add(piece.index)
-            yield _event(shape.first_chunk(piece.index))
+            yield shape.first_chunk(piece.index)
         finished.update([piece.index] if piece.finish_reason else [])
         if (chunk := shape.chunk(piece)) is not None:
-            yield _event(chunk)
+            yield chunk
     try:
         result = future.result()
     except ApiError as exc:
         ERROR_LOG.error("a streamed reply failed: %s", exc.message)
-        yield _event(exc.body())
+        yield exc.body()
     except Exception as exc:  # noqa: BLE001 (a bug: say so in the stream; the status line has gone out)
         ERROR_LOG.error("a streamed reply failed: internal error: %r", exc)
-        yield _event(error_body(f"internal error: {exc!r}", "server_error"))
+        yield error_body(f"internal error: {exc!r}", "server_error")
     else:
         scope[TOKENS_KEY] = result.usage.completion_tokens
         for choice in result.choices:   # a job cancelled before it started has sent no end
             if choice.index not in finished:
-                yield _event(shape.chunk(Piece(choice.index, finish_reason=choice.finish_reason)))
+                yield shape.chunk(Piece(choice.index, finish_reason=choice.finish_reason))
         if include_usage:
-            yield _event(shape.usage_chunk(result.usage))
-    yield "data: [DONE]\n\n"
+            yield shape.usage_chunk(result.usage)
 
 
 def _event(payload: dict) -> str:
@@ -325,8 +414,12 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return _refused(request, exc, exc.body())
+
+
+def _refused(request: Request, exc: ApiError, body: dict) -> JSONResponse:
     ERROR_LOG.warning("%s %s: %d %s", request.method, request.url.path, exc.status, exc.message)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(body, status_code=exc.status)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

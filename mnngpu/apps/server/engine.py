@@ -11,7 +11,9 @@ request's settings, so no setting or random state carries over to another reques
 client went away is cancelled: its choices stop after the current token, freeing their slots, or
 never start if they were still waiting. `max_queue` bounds the jobs waiting for a slot; once the
 server is stopping, new jobs are refused. Its counts for GET /metrics are in `metrics`
-(metrics.py): every job's usage, and the time of each token its samplers give.
+(metrics.py): every job's usage, and the time of each token its samplers give. For a model that
+thinks (reasoning.py), a chat reply is split into reasoning and answer (`reasoning_format`
+"auto"; "none" leaves it whole) and its block bounded by `reasoning_budget` tokens (-1: none).
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ from mnngpu.apps.server.protocol import (
     Usage,
     is_token_ids,
     sampler_overrides,
+)
+from mnngpu.apps.server.reasoning import (
+    REASONING_FORMATS,
+    BudgetSampler,
+    detect_thinking,
+    reasoning_plan,
+    template_variables,
 )
 from mnngpu.apps.server.slots import Slots
 from mnngpu.errors import InputError, MnnGpuError
@@ -78,9 +87,17 @@ class ServedStats:
 
 class ServedModel:
     def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE, created: int = 0,
-                 show_special: bool = False, parallel: int = 1):
+                 show_special: bool = False, parallel: int = 1, reasoning_format: str = "auto",
+                 reasoning_budget: int = -1):
         if max_queue < 1:
             raise InputError(f"expected at least 1, got {max_queue}", field="max_queue")
+        if reasoning_format not in REASONING_FORMATS:
+            raise InputError(f"expected one of {list(REASONING_FORMATS)}, got {reasoning_format!r}",
+                             field="reasoning_format")
+        if reasoning_budget < -1:
+            raise InputError(f"expected -1 (no bound) or more, got {reasoning_budget}", field="reasoning_budget")
+        self.reasoning_format, self.reasoning_budget = reasoning_format, reasoning_budget
+        self.thinking = detect_thinking(llm.prompt, llm.tokenizer)
         self.llm = llm
         self.name = name
         self.created = created  # the model's time, as the model list shows it
@@ -126,16 +143,25 @@ class ServedModel:
     # ---- called from the server's event loop --------------------------------------------------------
     def chat_prompt(self, messages: list[dict], request: GenerationRequest | None = None) -> str:
         """The chat's prompt text; the request's tools (unless tool_choice is "none") reach the chat
-        template as its `tools`, as transformers passes them."""
-        tools = None if request is None else request.tools
+        template as its `tools`, as transformers passes them, and its chat_template_kwargs (with
+        reasoning_effort) as variables. Sets the request's reasoning plan (None: not split)."""
+        if request is None:
+            return self.llm.apply_chat_template(messages)
+        tools = request.tools
         rendered = None if tools is None else tools.in_prompt
+        variables = template_variables(self.thinking, request)
         try:
-            if rendered is None:
-                return self.llm.apply_chat_template(messages)
-            tools.check_template(self.chat_template())
-            return self.llm.prompt.apply_chat_template(messages, tools=rendered)
+            if rendered is None and not variables:
+                prompt = self.llm.apply_chat_template(messages)
+            else:
+                if rendered is not None:
+                    tools.check_template(self.chat_template())
+                prompt = self.llm.prompt.apply_chat_template(messages, tools=rendered, variables=variables)
         except MnnGpuError as exc:
             raise ApiError(400, str(exc), param="tools" if exc.field == "tools" else "messages") from None
+        request.reasoning = reasoning_plan(self.thinking, prompt, request, self.reasoning_format,
+                                           self.reasoning_budget)
+        return prompt
 
     def new_job(self, prompts: PromptInput | list[PromptInput], request: GenerationRequest) -> Job:
         """A job with its own sampler. A bad sampler setting, token id or logit_bias, or a prompt
@@ -228,11 +254,14 @@ class ServedModel:
         slot = self.slots.take(prompt if isinstance(prompt, str) and self.llm.config.reuse_kv else None)
         try:
             sampler = job.sampler if index == 0 else _choice_sampler(job.sampler, index)
-            clock = self.metrics.token_clock(sampler, job.arrived)
+            plan = job.request.reasoning
+            counter = None if plan is None else plan.counter(self.llm.tokenizer)
+            sampling = sampler if counter is None else BudgetSampler(sampler, counter, slot.cache.markup.stop_ids)
+            clock = self.metrics.token_clock(sampling, job.arrived)
             clock.first_seen = index != 0   # the request's time to first token is its first choice's
             slot.view.sampler = clock
             run = ChoiceRun(slot.view, slot.cache, job.request, sampler, self.show_special,
-                            lambda: job.cancelled.is_set() or self._stopping, job.on_text)
+                            lambda: job.cancelled.is_set() or self._stopping, job.on_text, reasoning=counter)
             with self.llm.media_sources(job.request.media):
                 return run.run(prompt, index)
         except MnnGpuError as exc:
@@ -301,7 +330,7 @@ def _total_usage(choices: list[Choice], n: int) -> Usage:
     """Each prompt's tokens once (its first choice's), every choice's generated tokens."""
     firsts = [choice.usage for choice in choices if choice.index % n == 0]
     return Usage(sum(u.prompt_tokens for u in firsts), sum(c.usage.completion_tokens for c in choices),
-                 sum(u.cached_tokens for u in firsts))
+                 sum(u.cached_tokens for u in firsts), sum(c.usage.reasoning_tokens for c in choices))
 
 
 class ModelSlot:

@@ -1,14 +1,17 @@
 """The one table of request fields: every field of OpenAI's chat-completions and completions
-requests, and what this server does with it.
+requests, of Anthropic's Messages API and of OpenAI's Responses API, and what this server does
+with it. The two APIs' rows are keyed "messages:NAME" and "responses:NAME" (`field_row`), since
+the same names mean other things there.
 
     implemented  the field does what OpenAI's API says (see its note for the limits)
     inert        accepted, and changes nothing a client can see (`user`, `metadata`, ...)
     refused      a 400 naming the field, unless its value is one that asks for nothing
                  (null, or the value the note names)
 
-A field not in the table is refused with a 400 naming it too. A field given as null counts as
+A field not in the table is refused with a 400 naming it too. A few fields are not OpenAI's but
+vLLM's and llama-server's (`extension`); clients send them in the body (`extra_body`). A field given as null counts as
 absent, as in OpenAI's API. docs/server.md shows the table (`markdown_table`); a test checks
-that it covers every field of the installed `openai` package's request types.
+that it covers every field of the installed `openai` and `anthropic` packages' request types.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from typing import Any
 IMPLEMENTED, INERT, REFUSED = "implemented", "inert", "refused"
 CHAT, COMPLETIONS = "chat", "completions"
 BOTH = (CHAT, COMPLETIONS)
+MESSAGES, RESPONSES = "messages", "responses"   # Anthropic's POST /v1/messages, OpenAI's POST /v1/responses
+ROUTES = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions", MESSAGES: "/v1/messages",
+          RESPONSES: "/v1/responses"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class Field:
     status: str
     note: str
     asks_nothing: Callable[[Any], bool] | None = None   # refused fields: the values accepted all the same
+    extension: bool = False   # not in OpenAI's API; vLLM and llama-server read it
 
 
 def _one_of(*values: Any) -> Callable[[Any], bool]:
@@ -36,6 +43,10 @@ def _one_of(*values: Any) -> Callable[[Any], bool]:
 
 def _implemented(note: str, endpoints: tuple[str, ...] = BOTH) -> Field:
     return Field(endpoints, IMPLEMENTED, note)
+
+
+def _extension(note: str, endpoints: tuple[str, ...] = (CHAT,)) -> Field:
+    return Field(endpoints, IMPLEMENTED, "extension (vLLM, llama-server): " + note, extension=True)
 
 
 def _inert(note: str, endpoints: tuple[str, ...] = BOTH) -> Field:
@@ -93,7 +104,11 @@ FIELDS: dict[str, Field] = {
     "audio": _refused("no audio replies"),
     "modalities": _refused("text replies only: only [\"text\"]", lambda value: value is None or value == ["text"]),
     "prediction": _refused("no predicted outputs"),
-    "reasoning_effort": _refused("not read: the chat template decides whether the model reasons"),
+    "reasoning_effort": _implemented("for a model whose chat template thinks (see Thinking models): \"none\" "
+                                     "and \"minimal\" set the template's enable_thinking to false; \"low\", "
+                                     "\"medium\" and \"high\" keep thinking on and are otherwise the same (use "
+                                     "thinking_budget_tokens to bound it); any value on a model that does not "
+                                     "think, or \"none\" on one that cannot stop, is a 400", (CHAT,)),
     "verbosity": _refused("not read"),
     "web_search_options": _refused("no web search: the server fetches nothing"),
     "moderation": _refused("no moderation"),
@@ -105,19 +120,135 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_key": _inert("the KV cache is reused by prompt text (reuse_kv), not by key", (CHAT,)),
     "prompt_cache_options": _inert("as prompt_cache_key", (CHAT,)),
     "prompt_cache_retention": _inert("as prompt_cache_key", (CHAT,)),
+    "chat_template_kwargs": _extension("an object of variables for the chat template (e.g. {\"enable_thinking\": "
+                                       "false}), over the model's jinja.context; the template's own variables "
+                                       "(messages, tools, add_generation_prompt, bos_token, eos_token) are a 400"),
+    "thinking_budget_tokens": _extension("tokens the model may think (inside its think block) before the server "
+                                         "writes the block's end marker into the reply and the answer follows; "
+                                         "0 closes the block at once, -1 is no bound (default: serve's "
+                                         "--reasoning-budget)"),
 }
 
+
+def _messages(status: str, note: str, asks_nothing: Callable[[Any], bool] | None = None) -> Field:
+    """A row of Anthropic's messages API; its key is "messages:NAME"."""
+    return Field((MESSAGES,), status, note, _is_null if status == REFUSED and asks_nothing is None else asks_nothing)
+
+
+def _responses(status: str, note: str, asks_nothing: Callable[[Any], bool] | None = None) -> Field:
+    """A row of OpenAI's Responses API; its key is "responses:NAME"."""
+    return Field((RESPONSES,), status, note, _is_null if status == REFUSED and asks_nothing is None else asks_nothing)
+
+
+# The fields of the two APIs that are translated onto the chat route (anthropic_messages.py,
+# openai_responses.py): a row each, as their names mean other things there.
+FIELDS.update({
+    "messages:model": _messages(INERT, "one model is served; any id is answered by it"),
+    "messages:messages": _messages(IMPLEMENTED, "user and assistant turns (and system ones): text, image (base64, "
+                                                "or a url source that is a data: URL), tool_use and tool_result "
+                                                "blocks; thinking blocks of earlier turns are dropped; a last "
+                                                "assistant turn (a prefill) is refused"),
+    "messages:system": _messages(IMPLEMENTED, "a string or text blocks: the prompt's first system message"),
+    "messages:max_tokens": _messages(IMPLEMENTED, "required: new tokens at most (stop_reason max_tokens)"),
+    "messages:stop_sequences": _messages(IMPLEMENTED, "up to 4 non-empty strings; the reply ends before the first "
+                                                      "(stop_reason stop_sequence, and stop_sequence names it)"),
+    "messages:temperature": _messages(IMPLEMENTED, "0 to 1; 0 is greedy (the anthropic 2.x client sends it in "
+                                                   "extra_body)"),
+    "messages:top_p": _messages(IMPLEMENTED, "the sampler's top_p (sent as temperature is)"),
+    "messages:top_k": _messages(IMPLEMENTED, "the sampler's top_k, at least 1 (sent as temperature is)"),
+    "messages:stream": _messages(IMPLEMENTED, "Anthropic's events: message_start, content_block_start, "
+                                              "content_block_delta, content_block_stop, message_delta, message_stop"),
+    "messages:tools": _messages(IMPLEMENTED, "custom tools {name, description, input_schema}, rendered by the chat "
+                                             "template as function tools (see Tool calls); server tools are refused"),
+    "messages:tool_choice": _messages(IMPLEMENTED, "auto, any (a call enforced by a grammar), tool (that one, "
+                                                   "likewise), none; disable_parallel_tool_use"),
+    "messages:thinking": _messages(IMPLEMENTED, "for a thinking model (see Thinking models): enabled sets the "
+                                                "template's enable_thinking and budget_tokens bounds the block; "
+                                                "disabled turns it off; adaptive keeps the template's default. The "
+                                                "reasoning comes back as a thinking block (signature \"\")"),
+    "messages:output_config": _messages(IMPLEMENTED, "format {type: json_schema, schema}: the reply follows the "
+                                                     "schema (see Structured output); effort is refused"),
+    "messages:metadata": _messages(INERT, "not stored"),
+    "messages:cache_control": _messages(INERT, "the KV cache is reused by prompt text (reuse_kv), not by marks"),
+    "messages:container": _messages(REFUSED, "no code execution containers"),
+    "messages:diagnostics": _messages(INERT, "no cache diagnostics are given"),
+    "messages:inference_geo": _messages(INERT, "served here"),
+    "messages:service_tier": _messages(INERT, "one tier"),
+    "messages:speed": _messages(INERT, "one speed"),
+    "messages:user_profile_id": _messages(INERT, "not stored"),
+    "messages:workspace_id": _messages(INERT, "not stored"),
+    "responses:model": _responses(INERT, "one model is served; any id is answered by it"),
+    "responses:input": _responses(IMPLEMENTED, "a string, or items: messages (roles user, system, developer, "
+                                               "assistant; input_text, input_image (data: URLs) and output_text "
+                                               "parts), function_call and function_call_output; reasoning items "
+                                               "are dropped"),
+    "responses:instructions": _responses(IMPLEMENTED, "a system message before the input (a later response does "
+                                                      "not inherit it)"),
+    "responses:max_output_tokens": _responses(IMPLEMENTED, "new tokens at most (status incomplete, reason "
+                                                           "max_output_tokens)"),
+    "responses:temperature": _responses(IMPLEMENTED, "0 to 2; 0 is greedy"),
+    "responses:top_p": _responses(IMPLEMENTED, "the sampler's top_p"),
+    "responses:stream": _responses(IMPLEMENTED, "the Responses events, each with its sequence_number (see "
+                                                "docs/server.md)"),
+    "responses:stream_options": _responses(INERT, "include_obfuscation: no obfuscation is added"),
+    "responses:tools": _responses(IMPLEMENTED, "function tools {type: function, name, description, parameters, "
+                                               "strict} (see Tool calls); hosted tools are refused"),
+    "responses:tool_choice": _responses(IMPLEMENTED, "none, auto, required, or {type: function, name}"),
+    "responses:parallel_tool_calls": _responses(IMPLEMENTED, "as for chat completions"),
+    "responses:text": _responses(IMPLEMENTED, "format: text, json_object, or json_schema {name, schema, strict, "
+                                              "description} (see Structured output); verbosity only null"),
+    "responses:reasoning": _responses(IMPLEMENTED, "effort, as chat's reasoning_effort (see Thinking models); "
+                                                   "summary is inert. The reasoning comes back as a reasoning item"),
+    "responses:store": _responses(IMPLEMENTED, "true (default): the response is kept in memory (the last 256) "
+                                               "for previous_response_id and GET /v1/responses/{id}"),
+    "responses:previous_response_id": _responses(IMPLEMENTED, "continues a stored response: its input and output "
+                                                              "come before this input"),
+    "responses:metadata": _responses(INERT, "returned with the response, not read"),
+    "responses:include": _responses(REFUSED, "no extra output data; only []", lambda value: value in (None, [])),
+    "responses:truncation": _responses(REFUSED, "a prompt too long is refused; only \"disabled\"",
+                                       lambda value: value in (None, "disabled")),
+    "responses:top_logprobs": _responses(REFUSED, "no log-probabilities here; only 0",
+                                         lambda value: value in (None, 0)),
+    "responses:max_tool_calls": _responses(REFUSED, "no cap on tool calls"),
+    "responses:background": _responses(REFUSED, "no background responses; only false",
+                                       lambda value: value in (None, False)),
+    "responses:background_options": _responses(REFUSED, "no background responses"),
+    "responses:conversation": _responses(REFUSED, "no conversation objects; use previous_response_id"),
+    "responses:context_management": _responses(REFUSED, "no context management"),
+    "responses:prompt": _responses(REFUSED, "no stored prompt templates"),
+    "responses:moderation": _responses(REFUSED, "no moderation"),
+    "responses:image": _responses(REFUSED, "no image options"),
+    "responses:access_programs": _responses(REFUSED, "no access programs"),
+    "responses:user": _responses(INERT, "not stored"),
+    "responses:safety_identifier": _responses(INERT, "not stored"),
+    "responses:service_tier": _responses(INERT, "one tier"),
+    "responses:prompt_cache_key": _responses(INERT, "the KV cache is reused by prompt text (reuse_kv), not by key"),
+    "responses:prompt_cache_options": _responses(INERT, "as prompt_cache_key"),
+    "responses:prompt_cache_retention": _responses(INERT, "as prompt_cache_key"),
+})
+
 STREAM_OPTIONS = {"include_usage": IMPLEMENTED, "include_obfuscation": INERT}
+
+
+def field_row(name: str, endpoint: str) -> Field | None:
+    """The row of field `name` for `endpoint`, or None when the endpoint has no such field."""
+    known = FIELDS.get(name if endpoint in BOTH else f"{endpoint}:{name}")
+    return known if known is not None and endpoint in known.endpoints else None
+
+
+def field_names(endpoint: str) -> set[str]:
+    """Every field `endpoint` knows."""
+    return {key.rpartition(":")[2] for key, known in FIELDS.items() if endpoint in known.endpoints}
 
 
 def refused_field(body: dict, endpoint: str) -> tuple[str, str, str | None] | None:
     """(field, message, code) for the first field this endpoint does not know, or the first refused
     field that asks for something; None when every field is accepted."""
     for name, value in body.items():
-        known = FIELDS.get(name)
-        if known is None or endpoint not in known.endpoints:
-            where = "/v1/chat/completions" if endpoint == CHAT else "/v1/completions"
-            return name, f"unknown field '{name}' for {where} (docs/server.md lists the fields)", "unknown_field"
+        known = field_row(name, endpoint)
+        if known is None:
+            message = f"unknown field '{name}' for {ROUTES[endpoint]} (docs/server.md lists the fields)"
+            return name, message, "unknown_field"
         if known.status == REFUSED and not known.asks_nothing(value):
             return name, f"'{name}' is not supported: {known.note}", "unsupported_field"
     return None
@@ -126,7 +257,7 @@ def refused_field(body: dict, endpoint: str) -> tuple[str, str, str | None] | No
 def markdown_table() -> str:
     """The table as docs/server.md shows it."""
     lines = ["| field | endpoints | status | what the server does |", "| --- | --- | --- | --- |"]
-    for name, known in FIELDS.items():
-        endpoints = ", ".join(known.endpoints)
+    for key, known in FIELDS.items():
+        name, endpoints = key.rpartition(":")[2], ", ".join(known.endpoints)
         lines.append(f"| `{name}` | {endpoints} | {known.status} | {known.note.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

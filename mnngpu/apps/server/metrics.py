@@ -5,8 +5,9 @@ the format Prometheus, and the routers that spread requests over servers, scrape
     mnngpu_prompt_tokens_total                 prompt tokens of the requests run (usage.prompt_tokens)
     mnngpu_prompt_cached_tokens_total          of those, the ones the KV cache already held
     mnngpu_generation_tokens_total             tokens generated (usage.completion_tokens)
-    mnngpu_requests_waiting                    requests queued behind the running one
-    mnngpu_requests_running                    requests being generated (0 or 1: one at a time)
+    mnngpu_requests_waiting                    requests queued for a free slot
+    mnngpu_requests_running                    requests being generated (up to --parallel at once)
+    mnngpu_slots, mnngpu_slots_busy            the sequences generated at once (--parallel), and those busy now
     mnngpu_kv_cache_tokens                     tokens the KV cache holds
     mnngpu_kv_cache_capacity_tokens            tokens the backend's caches have room for now
     mnngpu_kv_cache_max_tokens                 max_all_tokens, the most a sequence may hold

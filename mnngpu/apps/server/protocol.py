@@ -27,6 +27,9 @@ MESSAGE_FIELDS = {"system": ("role", "content"), "developer": ("role", "content"
                   "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
 ROLES = tuple(MESSAGE_FIELDS)
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# the variables a chat template gets from the request itself; chat_template_kwargs may not set them
+TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 PromptInput = str | list[int]   # a prompt's text, or its token ids
 
@@ -72,6 +75,11 @@ class GenerationRequest:
     audios: dict[str, bytes] = field(default_factory=dict)  # <audio>NAME</audio> in messages -> the WAV's bytes
     grammar: GrammarSpec | None = None   # what every reply must follow (response_format, or a required tool call)
     tools: ToolRequest | None = None     # chat: the tools offered, and tool_choice
+    template_kwargs: dict[str, Any] = field(default_factory=dict)   # chat: chat_template_kwargs
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None   # None: the server's --reasoning-budget; -1: no bound
+    reasoning: Any = None   # chat, set with the prompt: the ReasoningPlan of a thinking model's reply, or None
+    top_k: int | None = None             # Anthropic's messages: the sampler's top_k
 
     @property
     def media(self) -> dict[str, bytes]:
@@ -91,6 +99,7 @@ def parse_chat_request(body: dict) -> GenerationRequest:
                        param="messages")
     request.messages = [_parse_message(m, f"messages[{i}]", request) for i, m in enumerate(messages)]
     _parse_output_shape(body, request)
+    _parse_thinking(body, request)
     top = _optional_int(body.get("top_logprobs"), "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     if _bool(body.get("logprobs", False), "logprobs"):
         request.logprobs = top or 0
@@ -112,6 +121,25 @@ def _parse_output_shape(body: dict, request: GenerationRequest) -> None:
             raise ApiError(400, "a response_format other than text cannot be combined with tools (use "
                                 "tool_choice \"none\", or leave the tools out)", param="response_format")
         request.grammar = request.tools.grammar()
+
+
+def _parse_thinking(body: dict, request: GenerationRequest) -> None:
+    """chat_template_kwargs, reasoning_effort and thinking_budget_tokens, checked for their shape;
+    what the model can do with them is checked with its template (reasoning.thinking_variables)."""
+    kwargs = body.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "expected 'chat_template_kwargs' to be an object of template variables",
+                       param="chat_template_kwargs")
+    reserved = next((name for name in kwargs if name in TEMPLATE_VARIABLES or name.startswith("__")), None)
+    if reserved is not None:
+        raise ApiError(400, f"'{reserved}' is a variable the server gives the chat template itself; "
+                            "chat_template_kwargs may not set it", param=f"chat_template_kwargs.{reserved}")
+    request.template_kwargs = dict(kwargs)
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ApiError(400, f"expected one of {list(REASONING_EFFORTS)}, got {effort!r}", param="reasoning_effort")
+    request.reasoning_effort = effort
+    request.thinking_budget = _optional_int(body.get("thinking_budget_tokens"), "thinking_budget_tokens", low=-1)
 
 
 def parse_completion_request(body: dict) -> GenerationRequest:
@@ -367,7 +395,7 @@ def sampler_overrides(request: GenerationRequest, config: dict) -> dict:
     """Config keys that make the model's sampler honour the request.
 
     temperature 0 means greedy. A model configured as greedy samples when a request asks for
-    a temperature or top_p, with just those two steps (MNN's greedy reads neither).
+    a temperature, top_p or top_k, with just those steps (MNN's greedy reads none of them).
     """
     if request.temperature == 0:
         return {"sampler_type": "greedy"}
@@ -378,8 +406,10 @@ def sampler_overrides(request: GenerationRequest, config: dict) -> dict:
         overrides["top_p"] = request.top_p
     if request.seed is not None:
         overrides["seed"] = request.seed
-    if overrides.keys() & {"temperature", "top_p"} and config.get("sampler_type", "mixed") == "greedy":
-        steps = ["topP"] if request.top_p is not None else []
+    if request.top_k is not None:
+        overrides["top_k"] = request.top_k
+    if overrides.keys() & {"temperature", "top_p", "top_k"} and config.get("sampler_type", "mixed") == "greedy":
+        steps = ["topK"] * (request.top_k is not None) + ["topP"] * (request.top_p is not None)
         overrides.update(sampler_type="mixed", mixed_samplers=[*steps, "temperature"])
     return overrides
 
@@ -392,8 +422,10 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int = 0   # of the completion tokens, those of the think blocks (reasoning.py)
 
     def body(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}

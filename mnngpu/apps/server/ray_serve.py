@@ -25,9 +25,9 @@ import argparse
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from mnngpu.apps.commands import serve as serve_command
+from mnngpu.apps.commands.common import model_path
 from mnngpu.errors import InputError, MnnGpuError
 
 APP_NAME = "mnngpu"
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.port == 0:
         raise InputError("Ray Serve's proxy needs a fixed port, not 0", field="--port")
     if args.model is not None:  # every replica, on any node, reads the folder at this path
-        args.model = str(Path(args.model).resolve())
+        args.model = str(model_path(args).resolve())
     check_settings(args)
     connect(args.address)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -2,7 +2,9 @@
 
 Chat choices carry `message` (or `delta`) and, when asked, `logprobs: {"content": [...]}`; when
 the request offers tools, the calls a reply holds come back as `tool_calls` (and its finish_reason
-is "tool_calls"), streamed as OpenAI streams them: a call's id and name first, then its arguments;
+is "tool_calls"), streamed as OpenAI streams them: a call's id and name first, then its arguments.
+A thinking model's reasoning comes as `reasoning_content`, and as `reasoning` (vLLM's name), beside
+`content` (null when the reply was cut off inside its think block), streamed as deltas of both;
 completions choices carry `text` and the legacy `logprobs` object (text offsets counted from
 the start of the choice's text, the echoed prompt included).
 """
@@ -57,6 +59,14 @@ class ResponseShape:
         return body
 
     def _message(self, choice: Choice) -> tuple[dict, str]:
+        message, finish = self._answer(choice)
+        if choice.reasoning is not None:
+            message.update(reasoning_content=choice.reasoning, reasoning=choice.reasoning)
+            if not choice.answered:
+                message["content"] = None
+        return message, finish
+
+    def _answer(self, choice: Choice) -> tuple[dict, str]:
         if self.tools is None:
             return {"role": "assistant", "content": choice.text}, choice.finish_reason
         parser = self._new_parser()
@@ -81,8 +91,10 @@ class ResponseShape:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             finish = piece.finish_reason
+            if piece.reasoning:
+                delta.update(reasoning_content=piece.reasoning, reasoning=piece.reasoning)
             if self.tools is None:
-                if piece.text or piece.logprobs:
+                if piece.text or piece.logprobs and not piece.reasoning:
                     delta["content"] = piece.text
             elif not first:
                 if piece.index not in self._parsers:

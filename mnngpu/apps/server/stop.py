@@ -15,6 +15,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self.text = ""
         self.hit = False
+        self.matched: str | None = None   # the stop string found, once one is
         self._held = ""
 
     def feed(self, piece: str) -> str:
@@ -24,6 +25,7 @@ class StopMatcher:
         cut = _first_stop(pending, self.stops)
         if cut is not None:
             self.hit = True
+            self.matched = min((s for s in self.stops if s in pending), key=pending.find)
             return self._let_out(pending[:cut], "")
         keep = _longest_stop_prefix_at_end(pending, self.stops)
         return self._let_out(pending[:len(pending) - keep], pending[len(pending) - keep:])
