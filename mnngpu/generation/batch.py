@@ -11,6 +11,8 @@ run on a sequence (`call`), then one prefill chunk of one request (the Llm's own
 prompt is prefilled exactly as `generate` would), then one forward over the decode rows of every
 request that has a token to feed: each weight is read once per step for all of them. A request
 that ends, or is cancelled, frees its slot at the end of that step; the next waiting one takes it.
+With one slot nothing is batched: its decode row is the Llm's own decode step, as in `generate`,
+so a model that cannot batch (one_sequence_only) is served that way.
 
 A reply follows `Llm.generate`'s rules, so a greedy reply is the one the prompt gets alone: it
 ends on a stop id (not kept), on `on_token` returning True ("cancelled"), at max_new_tokens
@@ -313,7 +315,7 @@ class Batch:
         for start in range(0, len(rows), BATCH_ROWS):
             group = rows[start: start + BATCH_ROWS]
             try:
-                logits = self.llm.decode_rows([r.sequence for r in group], [r._feed for r in group])
+                logits = self._decode_logits(group)
             except BaseException as exc:
                 for request in group:
                     self._fail(request, exc)
@@ -326,6 +328,16 @@ class Batch:
                     self._end(request, "cancelled")
                 else:
                     self._take(request, self.llm._finite(row))
+
+    def _decode_logits(self, group: list[BatchRequest]) -> np.ndarray:
+        """Logits [rows, vocab] of one decode step of each request in `group`. With one slot the
+        step is the Llm's own (Llm.generate's decode module), not a batched forward, which a model
+        that cannot batch (one_sequence_only: recurrent layers on a device ...) would be refused."""
+        if self.slots == 1:
+            request, = group
+            self.llm.use_sequence(request.sequence)
+            return np.asarray(self.llm.forward([request._feed], all_logits=False))[0]
+        return self.llm.decode_rows([r.sequence for r in group], [r._feed for r in group])
 
     def _take(self, request: BatchRequest, logits: np.ndarray) -> None:
         """Sample the next token and apply Llm.generate's rules for how a reply ends."""
