@@ -3,7 +3,9 @@
 For each spec: build a tiny HuggingFace model (random weights, fixed seed) with a byte-level
 BPE tokenizer trained on tools/corpus.py, export it with MNN's real exporter, and record what
 MNN's own runtime does on it (tests/mnn_oracle.py, in a subprocess). The HuggingFace source
-is committed beside the export as `hf/`, so weight tests can compare against it.
+is committed beside the export as `hf/`, so weight tests can compare against it. Each prompt's record
+also keeps every greedy step's top 8 logits ("steps_top"), and one prompt's every all_logits row's
+("rows_top"): tools/record_steps_top.py.
 
     pip install -e '.[fixtures,test]'
     python -m tools.make_fixtures            # all fixtures
@@ -543,6 +545,11 @@ def make_fixture(spec: FixtureSpec) -> Path:
     if subgraph_counts:
         reference["subgraph_op_counts"] = subgraph_counts
     (dest / "reference.json").write_text(to_readable_json(reference))
+    # every step's and one prompt's every row's top logits, by a second run checked against this one
+    # (imported here: that tool reads this module's layout)
+    from tools.record_steps_top import add_records
+
+    print(f"{spec.name}: {add_records(dest)}")
     return dest
 
 
