@@ -20,7 +20,13 @@ server and client count it reports:
 * inter-token latency (ITL): the gaps between a reply's successive streamed pieces, p50 and p99.
 
 Both servers are started and stopped here, one after the other, on free ports of 127.0.0.1, with
-the same thread count. llama-server runs with `-np N` slots (N: `--parallel`, by default the most
+the same thread count. With `--shared-prefix` the clients' prompts all start with one ~1,000-token
+system text and end with a question of their own (8 clients by default): mnngpu serve runs once with
+its prompt cache off and once with `--cache-ram MIB`, llama-server with its prompt cache on, and the
+table gives TTFT p50 of the cached run over the uncached one. The warm-up request's system text
+differs, so the measured clients find nothing cached when they arrive together.
+
+llama-server runs with `-np N` slots (N: `--parallel`, by default the most
 clients); `mnngpu serve` gets `--parallel N` too where its --help lists that flag. llama-server is
 `--llama-server PATH`, or found in the build folders of tools/build_llama_cpp.sh's WORKDIR
 (`--llama-cpp WORKDIR`); it needs a build with LLAMA_BUILD_SERVER on. The GGUF comes from
@@ -57,6 +63,11 @@ from mnngpu.backend.widths import WIDTHS_ENV
 os.environ.setdefault("MNNGPU_BACKGROUND_COMPILE", "0")
 
 PROMPT = "Once upon a time there was a little robot who lived in a quiet town by the sea, and every day it"
+# --shared-prefix: about 1,000 tokens on the Qwen tokenizers, then each request's own question
+SHARED_SYSTEM = "You answer questions about the farm. " + " ".join(
+    f"Rule {i}: the farmer keeps {i} cows in barn {i % 7} and feeds them at {6 + i % 12} o'clock." for i in range(40))
+WARM_UP_SYSTEM = "Warm-up. " + SHARED_SYSTEM   # shares no block with SHARED_SYSTEM: its first ids differ
+DEFAULT_CACHE_RAM = 1024   # MiB, mnngpu serve --cache-ram in the shared-prefix case
 START_S = 600   # a server that is not answering GET /health by then has failed to start
 
 
@@ -65,6 +76,7 @@ class Reply:
     sent: float
     piece_times: list[float] = field(default_factory=list)
     tokens: int = 0
+    text: str = ""
 
     @property
     def ttft(self) -> float:
@@ -171,9 +183,9 @@ def mnngpu_parallel_flag() -> bool:
     return "--parallel" in done.stdout
 
 
-def mnngpu_server(args, parallel: bool, widths: str | None = None, config: str = "") -> Server:
+def mnngpu_server(args, parallel: bool, widths: str | None = None, config: str = "", cache_ram: int = 0) -> Server:
     """mnngpu serve on args.backend; `widths`: its MNNGPU_PREFILL_WIDTHS (None: the default widths);
-    `config`: comma-separated KEY=VALUE items for its --config."""
+    `config`: comma-separated KEY=VALUE items for its --config; `cache_ram`: its --cache-ram (0: off)."""
     port = free_port()
     command = [sys.executable, "-m", "mnngpu", "serve", *([str(args.model)] if args.model else []),
                "--port", str(port), "-t", str(args.threads), "--sampler", "greedy", "--quiet",
@@ -182,6 +194,9 @@ def mnngpu_server(args, parallel: bool, widths: str | None = None, config: str =
         command += ["--backend", args.backend]
     if parallel:
         command += ["--parallel", str(args.parallel)]
+    if cache_ram:
+        command += ["--cache-ram", str(cache_ram)]
+        return Server(f"mnngpu-cache{cache_ram}", command, port, {})
     items = [item for item in config.split(",") if item]
     for item in items:
         command += ["--config", item]
@@ -192,12 +207,17 @@ def mnngpu_server(args, parallel: bool, widths: str | None = None, config: str =
 
 def mnngpu_servers(args, parallel: bool) -> list[tuple[str, object]]:
     """(name, server maker) for each mnngpu serve run: one per --prefill-widths and --config-variant,
-    else one."""
+    else one; with --shared-prefix, the prompt cache off and on."""
+    if args.shared_prefix:
+        return [("mnngpu serve no cache", lambda: mnngpu_server(args, parallel)),
+                (f"mnngpu serve --cache-ram {args.cache_ram}",
+                 lambda: mnngpu_server(args, parallel, cache_ram=args.cache_ram))]
     if not args.prefill_widths and not args.config_variant:
         return [("mnngpu serve", lambda: mnngpu_server(args, parallel))]
     return ([(f"mnngpu serve widths {widths}", lambda widths=widths: mnngpu_server(args, parallel, widths))
              for widths in args.prefill_widths or []]
-            + [(f"mnngpu serve {config or 'defaults'}", lambda config=config: mnngpu_server(args, parallel, config=config))
+            + [(f"mnngpu serve {config or 'defaults'}",
+                lambda config=config: mnngpu_server(args, parallel, config=config))
                for config in args.config_variant or []])
 
 
@@ -216,12 +236,14 @@ def find_llama_server(args) -> Path:
 
 def llama_server(args) -> Server:
     port = free_port()
-    context = args.parallel * (512 + args.tokens)   # llama-server splits its context among the slots
+    prompt = 1536 if args.shared_prefix else 512
+    context = args.parallel * (prompt + args.tokens)   # llama-server splits its context among the slots
     command = [str(find_llama_server(args)), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port),
                "-np", str(args.parallel), "-t", str(args.threads), "-tb", str(args.threads), "-c", str(context),
                "-ngl", "0", "--no-webui"]
-    # its prompt cache would let a slot skip the prefill of a prompt it has seen; mnngpu's has nothing to reuse
-    return Server("llama-server", command, port, {"ignore_eos": True, "cache_prompt": False})
+    # its prompt cache would let a slot skip the prefill of a prompt it has seen; off, unless the prompts
+    # share a start on purpose (--shared-prefix), where it is what mnngpu's --cache-ram is measured against
+    return Server("llama-server", command, port, {"ignore_eos": True, "cache_prompt": bool(args.shared_prefix)})
 
 
 # ---- the clients --------------------------------------------------------------------------------
@@ -240,6 +262,7 @@ async def one_reply(client: httpx.AsyncClient, server: Server, prompt: str, body
             event = json.loads(line[len("data: "):])
             if event.get("choices") and event["choices"][0].get("text"):
                 reply.piece_times.append(time.perf_counter())
+                reply.text += event["choices"][0]["text"]
                 pieces += 1
             if event.get("usage"):
                 reply.tokens = event["usage"]["completion_tokens"]
@@ -247,15 +270,22 @@ async def one_reply(client: httpx.AsyncClient, server: Server, prompt: str, body
     return reply
 
 
-async def client_run(client, server: Server, first: int, args, body: dict) -> list[Reply]:
-    return [await one_reply(client, server, f"{first + i}. {PROMPT}", body) for i in range(args.requests)]
+def prompt_text(number: int, args, warm_up: bool = False) -> str:
+    if not args.shared_prefix:
+        return f"{number}. {PROMPT}"
+    return f"{WARM_UP_SYSTEM if warm_up else SHARED_SYSTEM}\n\nQuestion {number}: which barn holds cow {number}?"
 
 
-async def level(server: Server, clients: int, args, body: dict) -> Level:
+async def client_run(client, server: Server, first: int, args, body: dict, warm_up: bool) -> list[Reply]:
+    return [await one_reply(client, server, prompt_text(first + i, args, warm_up), body)
+            for i in range(args.requests)]
+
+
+async def level(server: Server, clients: int, args, body: dict, warm_up: bool = False) -> Level:
     limits = httpx.Limits(max_connections=clients + 1)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         start = time.perf_counter()
-        runs = await asyncio.gather(*(client_run(client, server, 1000 * (c + 1), args, body)
+        runs = await asyncio.gather(*(client_run(client, server, 1000 * (c + 1), args, body, warm_up)
                                       for c in range(clients)))
         wall = time.perf_counter() - start
     return Level(clients, [reply for run in runs for reply in run], wall)
@@ -279,7 +309,7 @@ def special_token_ids(model: Path | None) -> list[int]:
 
 
 def measure(server: Server, args, body: dict) -> list[Level]:
-    asyncio.run(level(server, 1, args, body))   # warm-up: first-use costs out of the figures
+    asyncio.run(level(server, 1, args, body, warm_up=True))   # first-use costs out of the figures
     results = []
     for clients in args.clients:
         result = asyncio.run(level(server, clients, args, body))
@@ -300,8 +330,9 @@ def table(name: str, levels: list[Level]) -> list[str]:
     lines = [f"{name}:", "", header, "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     one = next((lv.tok_s for lv in levels if lv.clients == 1), float("nan"))
     for lv in levels:
-        lines.append(f"| {lv.clients} | {lv.tok_s:.1f} | {lv.tok_s / one:.2f}x | {lv.ttft_ms(50):.0f} | {lv.ttft_ms(99):.0f} | "
-                     f"{lv.itl_ms(50):.1f} | {lv.itl_ms(99):.1f} | {len(lv.replies)} |")
+        scaling = "-" if one != one else f"{lv.tok_s / one:.2f}x"   # no 1-client level measured
+        lines.append(f"| {lv.clients} | {lv.tok_s:.1f} | {scaling} | {lv.ttft_ms(50):.0f} | "
+                     f"{lv.ttft_ms(99):.0f} | {lv.itl_ms(50):.1f} | {lv.itl_ms(99):.1f} | {len(lv.replies)} |")
     return lines + [""]
 
 
@@ -311,6 +342,19 @@ def ratio_table(ours: list[Level], theirs: list[Level]) -> list[str]:
     for a, b in zip(ours, theirs):
         lines.append(f"| {a.clients} | {a.tok_s / b.tok_s:.2f}x | {a.ttft_ms(50) / b.ttft_ms(50):.2f}x | "
                      f"{a.itl_ms(50) / b.itl_ms(50):.2f}x | {a.itl_ms(99) / b.itl_ms(99):.2f}x |")
+    return lines + [""]
+
+
+def cache_ratio_table(results: dict[str, list[Level]], args) -> list[str]:
+    """The shared-prefix case: the cached run over the uncached one, from the same run."""
+    off, on = results["mnngpu serve no cache"], results[f"mnngpu serve --cache-ram {args.cache_ram}"]
+    lines = ["mnngpu serve --cache-ram over no cache (TTFT: the uncached p50 over the cached one, above 1 is "
+             "faster; tok/s: above 1 is faster; greedy replies that differ between the two):", "",
+             "| clients | TTFT p50 gain | tok/s ratio | replies differing |", "|---:|---:|---:|---:|"]
+    for a, b in zip(on, off):
+        differ = sum(x.text != y.text for x, y in zip(a.replies, b.replies))   # the same prompts, in order
+        lines.append(f"| {a.clients} | {b.ttft_ms(50) / a.ttft_ms(50):.2f}x | {a.tok_s / b.tok_s:.2f}x | "
+                     f"{differ} of {len(a.replies)} |")
     return lines + [""]
 
 
@@ -335,7 +379,14 @@ def main() -> None:
     parser.add_argument("--config-variant", action="append", metavar="K=V,K=V",
                         help="run mnngpu serve with these --config items (\"\" for none); repeat it to measure "
                              "several side by side")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="every prompt starts with one ~1,000-token system text (see the module's docstring); "
+                             "--clients defaults to 8")
+    parser.add_argument("--cache-ram", type=int, default=DEFAULT_CACHE_RAM, metavar="MIB",
+                        help="mnngpu serve's --cache-ram in the shared-prefix case (default: %(default)s)")
     args = parser.parse_args()
+    if args.shared_prefix and args.clients == parser.get_default("clients"):
+        args.clients = "8"
     args.clients = [int(c) for c in args.clients.split(",")]
     args.parallel = args.parallel or max(args.clients)
     if args.gguf and not (args.llama_cpp or args.llama_server):
@@ -368,6 +419,8 @@ def main() -> None:
     print()
     for name, levels in results.items():
         print("\n".join(table(name, levels)))
+    if args.shared_prefix:
+        print("\n".join(cache_ratio_table(results, args)))
     if "llama-server" in results:
         for name, levels in results.items():
             if name != "llama-server":

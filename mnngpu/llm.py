@@ -16,14 +16,19 @@ import os
 
 from mnngpu.config import LlmConfig
 from mnngpu.engine import Llm, LlmContext, Logits, graph_feeds
+from mnngpu.engine.embedding_model import EmbeddingModel
+from mnngpu.engine.reranker import Qwen3Reranker
 from mnngpu.omni import Omni, is_omni
 
 
-def create(config_path: str | os.PathLike) -> Llm:
+def create(config_path: str | os.PathLike, embedding_model: bool = False) -> Llm | EmbeddingModel:
     """An Llm for a model folder or its config.json (not loaded yet): an Omni when the config has
-    vision, audio or a talker, as MNN's createLLM decides."""
+    vision, audio or a talker, as MNN's createLLM decides; with embedding_model, an EmbeddingModel
+    (MNN's Embedding: txt_embedding), as MNN.llm.create(path, embedding_model=True) gives."""
     config = LlmConfig.load(config_path)
+    if embedding_model:
+        return EmbeddingModel(config)
     return Omni(config) if is_omni(config) else Llm(config)
 
 
-__all__ = ["Llm", "LlmContext", "Logits", "create", "graph_feeds"]
+__all__ = ["EmbeddingModel", "Llm", "Qwen3Reranker", "LlmContext", "Logits", "create", "graph_feeds"]

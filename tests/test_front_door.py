@@ -168,7 +168,7 @@ def server_routes() -> list[str]:
     """`METHOD /path` of every route the server's app answers, a path parameter written {id}."""
     pytest.importorskip("starlette")
     from mnngpu.apps.server.app import create_app
-    from mnngpu.apps.server.engine import ModelSlot
+    from mnngpu.apps.server.models import ModelSlot
 
     app = create_app(ModelSlot()).app   # inside the access log
     return [f"{method} {re.sub(r'{[^}]*}', '{id}', route.path)}" for route in app.routes

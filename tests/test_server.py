@@ -45,7 +45,7 @@ MAX_DEPTH = 100   # docs/server.md: the deepest a body may nest arrays and objec
 ROUTES = ["GET /", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
           "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{response_id}", "GET /v1/models",
           "GET /v1/models/{model_id}", "GET /health", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info",
-          "GET /metrics"]
+          "GET /metrics", "POST /v1/embeddings", "POST /v1/rerank", "POST /rerank"]
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +264,7 @@ def test_a_json_schema_nested_48_objects_deep_fits_under_the_depth_limit(in_proc
 
 def test_an_unknown_path_gets_a_404_naming_it_and_the_routes(server):
     client, _ = server
-    for method, path in [("GET", "/v1/nothing"), ("POST", "/v1/embeddings")]:
+    for method, path in [("GET", "/v1/nothing"), ("POST", "/v1/audio/speech")]:
         error = assert_openai_error(client.request(method, path), 404)
         assert error["type"] == "not_found_error" and error["code"] == "unknown_route"
         assert error["message"].startswith(f"no route {method} {path}; this server has "), error

@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from mnngpu.apps.server import fields as server_fields
 from mnngpu.apps.server.app import create_app
-from mnngpu.apps.server.engine import ModelSlot, ServedModel
+from mnngpu.apps.server.engine import ServedModel
 from mnngpu.apps.server.fields import (
     CHAT,
     COMPLETIONS,
@@ -36,6 +36,7 @@ from mnngpu.apps.server.fields import (
     field_names,
     markdown_table,
 )
+from mnngpu.apps.server.models import ModelSlot
 from tests.reference_model import (
     CHAT_PROMPT,
     CHAT_QUESTION,
@@ -127,12 +128,14 @@ REFUSED_ASKS = {
 # A value of each refused field that asks for nothing, so it is accepted.
 REFUSED_NOTHING = {"best_of": 1, "suffix": "", "functions": [], "function_call": "none", "modalities": ["text"]}
 INERT_VALUES = {
-    "model": "any-other-name", "user": "someone", "safety_identifier": "x", "metadata": {"k": "v"}, "store": True,
+    "user": "someone", "safety_identifier": "x", "metadata": {"k": "v"}, "store": True,
     "service_tier": "flex", "prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit"},
     "prompt_cache_retention": "24h",
 }
-# Implemented fields whose value here asks for what a reply without them is anyway.
-IMPLEMENTED_NOTHING = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+# Implemented fields whose value here asks for what a reply without them is anyway (one model is
+# served here, so any model id picks it).
+IMPLEMENTED_NOTHING = {"model": "any-other-name", "response_format": {"type": "text"}, "tools": [],
+                       "tool_choice": "none",
                        "parallel_tool_calls": False}
 
 

@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from mnngpu.apps.server.app import create_app
-from mnngpu.apps.server.engine import ModelSlot, ServedModel
+from mnngpu.apps.server.engine import ServedModel
+from mnngpu.apps.server.models import ModelSlot
 from mnngpu.apps.server.protocol import parse_completion_request
 from tests.conftest import FIXTURES
 from tests.reference_model import CHAT_QUESTION, MODEL, RAW_PROMPT, load_model

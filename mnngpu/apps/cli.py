@@ -20,7 +20,7 @@ import warnings
 from mnngpu import __version__
 from mnngpu.errors import InputError, MnnGpuError
 
-COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff", "pull", "list", "rm")
+COMMANDS = ("run", "chat", "serve", "bench", "inspect", "diff", "pull", "list", "rm", "embed", "rerank")
 HUB_NOTE = ("A MODEL may be a Hugging Face Hub repo id ORG/NAME[@REVISION]: fetched into huggingface_hub's cache "
             "(HF_HOME), from HF_ENDPOINT, or used from the cache with no network under HF_HUB_OFFLINE=1.")
 

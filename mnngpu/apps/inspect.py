@@ -18,6 +18,7 @@ from typing import Any
 from mnngpu.apps.families import family_facts
 from mnngpu.backend import registry
 from mnngpu.config import LlmConfig
+from mnngpu.engine.embedding_model import model_kind
 from mnngpu.errors import ModelFormatError
 from mnngpu.format import Net, Op, read_net
 from mnngpu.format.quant import QuantizedLinear, read_linear
@@ -40,10 +41,11 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     return {
         "path": str(config.base_dir),
         "mnn_version": net.version,
+        **model_kind(net, config.get("model_type")),
         "model": _model_facts(runs, config, linears),
         "files": _file_sizes(Path(config.base_dir)),
         "weight_bytes": weights.size if weights is not None else 0,
-        "quant": _quant_facts(linears),
+        "quant": _quant_facts(linears, has_lm_head(net)),
         "ops": dict(sorted(Counter(op.type for op in net.ops).items())),
         "n_ops": len(net.ops),
         "n_subgraphs": len(net.subgraphs),
@@ -161,7 +163,7 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 # --- model shape -----------------------------------------------------------------------
 
 def _model_facts(net: Net, config: LlmConfig, linears: list[QuantizedLinear]) -> dict[str, Any]:
-    lm_head = _lm_head(linears)
+    lm_head = _lm_head(linears, has_lm_head(net))
     heads, head_dim = _attention_heads(net, 0)
     kv_heads, _ = _attention_heads(net, 1)
     kinds = layer_kinds(net)
@@ -217,7 +219,14 @@ def _embedding_source(config: LlmConfig) -> str:
     return f"{Path(config.embedding_rows_path).name} ({kind})"
 
 
-def _lm_head(linears: list[QuantizedLinear]) -> QuantizedLinear | None:
+def has_lm_head(net: Net) -> bool:
+    """An LLM's graph ends in the lm_head (its logits); an embedding model's does not."""
+    return "logits" in net.output_names
+
+
+def _lm_head(linears: list[QuantizedLinear], has_head: bool = True) -> QuantizedLinear | None:
+    if not has_head:
+        return None
     named = [lin for lin in linears if "lm_head" in lin.name]
     if named:
         return named[-1]
@@ -314,14 +323,15 @@ def op_support(net: Net) -> dict[str, Any]:
 
 # --- quantization ----------------------------------------------------------------------
 
-def _quant_facts(linears: list[QuantizedLinear]) -> dict[str, Any]:
+def _quant_facts(linears: list[QuantizedLinear], has_head: bool = True) -> dict[str, Any]:
     layers = [_layer_quant(lin) for lin in linears]
-    lm_head = _lm_head(linears)
+    lm_head = _lm_head(linears, has_head)
     body = [entry for entry, lin in zip(layers, linears) if lin is not lm_head] or layers
     return {
         "layers": layers,
         "summary": _summarize(body),
-        "lm_head": _summarize([layers[linears.index(lm_head)]]) if lm_head is not None else None,
+        "lm_head": _summarize([layers[next(i for i, lin in enumerate(linears) if lin is lm_head)]])
+        if lm_head is not None else None,
     }
 
 
@@ -370,6 +380,8 @@ def _bits_name(bits: int) -> str:
 def format_inspect_table(info: dict[str, Any]) -> str:
     """A terminal rendering of `inspect_model`'s result."""
     rows = [("model", _model_line(info["model"])), ("written by", f"MNN {info['mnn_version'] or '?'}")]
+    if info.get("kind") == "embedding":
+        rows.append(("kind", f"embedding model: {info['pooling']}"))
     quant = info["quant"]
     quant_line = f"{describe_quant(quant['summary'])} ({quant['summary']['count'] if quant['summary'] else 0} layers)"
     if quant["lm_head"] is not None:

@@ -205,6 +205,8 @@ KEYS: dict[str, Key] = {
     "lm_model": _inert(_SPLIT, "lm.mnn"),
     "embedding_model": _inert(_SPLIT, "embedding.mnn"),
     "npu_model_dir": _inert(_SPLIT, ""),
+    "matryoshka": _done("mnngpu's own: an embedding model trained for Matryoshka truncation (Qwen3-Embedding is); "
+                        "POST /v1/embeddings then takes `dimensions`, else refuses it", False),
     # ---- generation --------------------------------------------------------------------------
     "max_new_tokens": _done("the reply length limit", 512, NOT_NEGATIVE),
     "max_all_tokens": _done("the context length limit", 2048, _at_least(1, "an integer >= 1")),
@@ -252,6 +254,9 @@ KEYS: dict[str, Key] = {
     "prefix_cache_path": _done("when set, a prompt start's KV cache is stored there and reloaded by a later "
                                "prompt with the same start (cpu, opencl, vulkan; cuda: a ConfigError)",
                                "prefixcache", at_load=True),
+    "cache_ram": _done("mnngpu's own: MiB of host memory for the server's prompt cache, the KV blocks of "
+                       "earlier prompts' starts that every request and slot reuses (cpu, opencl, vulkan); 0: off "
+                       "(serve --cache-ram)", 0, NOT_NEGATIVE),
     "attention_mode": _rejected("KV quantization modes 3-6 (TQ3, TQ4) are not implemented; modes 1 and 2 "
                                 "(int8 keys; int8 keys and values) run on cpu, opencl and vulkan, on cuda they are a "
                                 "ConfigError; flash attention (attention_mode / 8) changes only speed",

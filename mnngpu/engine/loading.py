@@ -12,6 +12,7 @@ import numpy as np
 from mnngpu.backend import backend_class
 from mnngpu.config import LOAD_TIME_KEYS, ConfigNote, ConfigWarning, LlmConfig, as_overrides
 from mnngpu.embedding import PLE_KEY, DiskEmbedding, PerLayerEmbedding
+from mnngpu.engine.embedding_model import refuse_embedding_graph
 from mnngpu.errors import ConfigError, MnnGpuError, ModelFormatError, WeightFileError
 from mnngpu.format import read_net
 from mnngpu.generation.factory import create_strategy
@@ -118,7 +119,11 @@ class LlmLoading:
         except WeightFileError:
             check_hidden_size(read_net(cfg.model_path), cfg)   # rows laid out by a wrong hidden_size: say that
             raise
-        net = validate_model(cfg, self.embedding)
+        try:
+            net = validate_model(cfg, self.embedding)
+        except ModelFormatError:
+            refuse_embedding_graph(cfg.model_path)   # says what the folder is, where it is that
+            raise
         self.cache_layout = cache_layout(net) if self.prefix_cache is not None else None
         self.per_layer_embedding = _per_layer_embedding(cfg, self.embedding.vocab_size)
         report("weights mapped", 1, 1)

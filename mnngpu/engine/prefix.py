@@ -3,6 +3,8 @@ recurrent states stored on disk and read back instead of prefilled."""
 
 from __future__ import annotations
 
+from mnngpu.backend.kv import Layers, States
+from mnngpu.backend.sequences import read_kv, read_states, write_kv, write_states
 from mnngpu.errors import ConfigError, InputError
 
 
@@ -42,6 +44,23 @@ class LlmPrefix:
 
     def _restore_prefix(self, ids: list[int]) -> None:
         self.prefix_cache.restore(ids, self.cache_layout, self.runtime.backend(), self._state_backend())
+        self._prefix_entered(ids)
+
+    # ---- the server's shared prompt blocks (engine.block_cache) ---------------------------------
+    def read_prefix(self, length: int) -> tuple[Layers, States]:
+        """Copies of the current sequence's first `length` keys and values, and its recurrent states
+        (those after every token it holds: the caller reads them where that is `length`)."""
+        return read_kv(self.runtime.backend(), length), read_states(self._state_backend())
+
+    def write_prefix(self, ids: list[int], layers: Layers, states: States) -> None:
+        """Make the empty current sequence hold `ids` as these keys and values and these states."""
+        if self.runtime.kv_meta.kept:
+            raise InputError("write_prefix needs an empty KV cache: call reset() first", field="input_ids")
+        write_kv(self.runtime.backend(), layers)
+        write_states(self._state_backend(), states)
+        self._prefix_entered(ids)
+
+    def _prefix_entered(self, ids: list[int]) -> None:
         meta = self.runtime.kv_meta
         meta.previous, meta.remove, meta.reserve = len(ids), 0, []
         self.context.history_tokens.extend(ids)
@@ -51,7 +70,12 @@ class LlmPrefix:
         """The backend whose state_caches hold the recurrent layers' states: the main one where it
         runs LinearAttention, else the CPU backup that placement sent the ops to."""
         main = self.runtime.backend()
-        if not self.cache_layout.states or any(p.op_type == "LinearAttention" and p.backend == main.type
-                                               for p in self.runtime.placements.entries.values()):
+        if not self.has_recurrent_layers or any(p.op_type == "LinearAttention" and p.backend == main.type
+                                                for p in self.runtime.placements.entries.values()):
             return main
         return self.runtime.cpu_backup()
+
+    @property
+    def has_recurrent_layers(self) -> bool:
+        """Whether the graph keeps a recurrent state (LinearAttention) beside its KV cache."""
+        return any(p.op_type == "LinearAttention" for p in self.runtime.placements.entries.values())

@@ -1,4 +1,4 @@
-"""Elementwise ops: BinaryOp (numpy broadcasting), UnaryOp, Cast and Eltwise.
+"""Elementwise ops: BinaryOp (numpy broadcasting), UnaryOp, ReLU6 (a clamp), Cast and Eltwise.
 
 BINARY and UNARY give each MNN opType its numpy semantics; BINARY_CODES and UNARY_CODES are the
 numbers the device kernels switch on (shaders/vulkan/{binary,unary}.comp and
@@ -91,6 +91,12 @@ def unary_op(node, inputs):
     return np.asarray(func(x)).astype(x.dtype, copy=False)
 
 
+def relu6(node, inputs):
+    """MNN's ReLU6 is a clamp to [minValue, maxValue] (0 and 6 by default; an exported Clip sets them)."""
+    x = inputs[0]
+    return np.clip(x, node.param.minValue, node.param.maxValue).astype(x.dtype, copy=False)
+
+
 def cast(node, inputs):
     return inputs[0].astype(DTYPES.get(node.param.dstT, FLOAT))
 
@@ -121,6 +127,7 @@ def eltwise_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype
 ROWS = {
     "BinaryOp": OpType(binary_rule, binary_op, param="BinaryOp", param_required=ALWAYS, min_inputs=2),
     "UnaryOp": OpType(same, unary_op, param="UnaryOp", param_required=ALWAYS),
+    "ReLU6": OpType(same, relu6, param="Relu6", param_required=ALWAYS),
     "Cast": OpType(cast_rule, cast, param="CastParam", param_required=ALWAYS),
     "Eltwise": OpType(eltwise_rule, eltwise, param="Eltwise", param_required=ALWAYS, min_inputs=2),
 }

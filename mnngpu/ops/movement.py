@@ -1,8 +1,9 @@
 """Data movement: views (Reshape, ConvertTensor, Identity, Squeeze, Unsqueeze), slices and
 gathers (StridedSlice, SliceTf, Gather, GatherV2), Slice (a split into several outputs), Concat,
-and the vision encoders' Transpose, Permute and Unpack. Their numpy semantics are the single
-source: device backends plan their copy kernels from them (mnngpu/backend/movement.py). Layouts are
-logical NCHW: an NC4HW4 tensor holds the same values, so ConvertTensor is the identity here.
+the vision encoders' Transpose, Permute and Unpack, and BroadcastTo (ONNX Expand). Their numpy
+semantics are the single source: device backends plan their copy kernels from them
+(mnngpu/backend/movement.py). Layouts are logical NCHW: an NC4HW4 tensor holds the same values,
+so ConvertTensor is the identity here.
 """
 
 from __future__ import annotations
@@ -190,6 +191,21 @@ def permute(node, inputs):
     return np.transpose(inputs[0], [int(a) for a in node.param.dims])
 
 
+def _broadcast_shape(x_shape, dims) -> tuple[int, ...]:
+    """BroadcastTo's output (ONNX Expand): the input and the given dims broadcast both ways."""
+    return tuple(int(d) for d in np.broadcast_shapes(tuple(x_shape), tuple(int(d) for d in dims)))
+
+
+def broadcast_to(node, inputs):
+    x, dims = inputs[0], inputs[1]
+    return np.ascontiguousarray(np.broadcast_to(x, _broadcast_shape(x.shape, dims)))
+
+
+def broadcast_rule(node: Node, inputs: list[Tensor]) -> list[tuple[Shape, np.dtype]]:
+    dims, = host_values(node, inputs, 1)
+    return [(_broadcast_shape(inputs[0].shape, dims), inputs[0].dtype)]
+
+
 def unpack(node, inputs):
     """Split along `axis` into its slices, that axis removed: one output per slice (a tuple)."""
     x = inputs[0]
@@ -213,4 +229,5 @@ ROWS = {
     "Transpose": OpType(evaluated(transpose), transpose, min_inputs=2),
     "Permute": OpType(evaluated(permute), permute, param="Permute", param_required=ALWAYS),
     "Unpack": OpType(evaluated(unpack), unpack, param="Axis", param_required=ALWAYS),
+    "BroadcastTo": OpType(broadcast_rule, broadcast_to, min_inputs=2),
 }

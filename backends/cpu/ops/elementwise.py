@@ -1,6 +1,6 @@
 """BinaryOp and UnaryOp on the CPU, writing into their planned output buffers.
 
-The common float BinaryOps and UnaryOps call a numpy ufunc with `out=` (MUL_SILU a numba kernel);
+The common float BinaryOps and UnaryOps call a numpy ufunc with `out=` (MUL_SILU and GELU a numba kernel);
 the rarer types fall back to their host rule (mnngpu/ops/elementwise.py), as every other op
 without a kernel here does (ops/base.py's CPUHostOp).
 """
@@ -47,10 +47,20 @@ class CPUUnary(CPUHostOp):
         super().bind()
         floats = self.out.dtype == np.float32 and self.args[0].dtype == np.float32
         self.ufunc = UNARY_UFUNCS.get(self.node.param.opType) if floats else None
+        x = self.args[0]
+        self.gelu = (floats and self.node.param.opType == "GELU" and x.shape == self.out.shape
+                     and x.flags.c_contiguous and self.out.flags.c_contiguous and not np.shares_memory(x, self.out))
+        if self.gelu:
+            self.gelu_tanh = jit.runnable(fastmath.gelu_tanh, self._flat())
+
+    def _flat(self) -> tuple:
+        return self.args[0].reshape(-1), self.out.reshape(-1)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
         if self.ufunc is not None:
             self.ufunc(self.args[0], out=self.out)
+        elif self.gelu:
+            self.gelu_tanh(*self._flat())
         else:
             super().onExecute(inputs, outputs)
 

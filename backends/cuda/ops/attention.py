@@ -140,6 +140,8 @@ class DeviceKVCache:
 class CUDAAttention(CUDAExecution):
     @classmethod
     def decline(cls, inputs, outputs, node):
+        if not node.param.kv_cache:   # an encoder's (embedding models): every query over every key, the mask added
+            return "no attention kernel without a KV cache"
         return None if supported(inputs) else "no attention kernel for this head layout"
 
     def onResize(self, inputs, outputs):

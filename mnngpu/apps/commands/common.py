@@ -27,13 +27,19 @@ MODEL_HELP = ("model folder or its config.json, or a Hugging Face Hub repo id OR
               "huggingface_hub's cache (default: the bundled demo model)")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help=MODEL_HELP)
+def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """--backend, --threads, --precision and --config: what every command that loads a model takes
+    (overrides_from reads them back)."""
     parser.add_argument("--backend", help="backend_type: cpu, opencl, vulkan or cuda")
     parser.add_argument("-t", "--threads", type=int, help="thread_num")
     parser.add_argument("--precision", choices=["low", "normal", "high"])
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="any config key; VALUE is JSON or a plain string (repeatable)")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
+    add_runtime_arguments(parser)
     parser.add_argument("--lora", metavar="LORA_MNN",
                         help="run this LoRA graph (the lora.mnn of llmexport --lora_split, relative to the model "
                              "folder) on the model's weights, as MNN's create_lora does")

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP app (Starlette): chat completions, completions, the model list, and the
-endpoints an operator or an evaluation harness uses.
+endpoints an operator or an evaluation harness uses, over one model or several (models.py).
 
     POST /v1/chat/completions   {"messages": [...], "stream": false, "max_tokens": 64, ...}
     POST /v1/completions        {"prompt": "..." | [...] | [ids] | [[ids], ...], "echo": true, "logprobs": 1, ...}
@@ -7,13 +7,25 @@ endpoints an operator or an evaluation harness uses.
     POST /v1/messages/count_tokens   {"messages": [...], ...} -> {"input_tokens": n}
     POST /v1/responses          OpenAI's Responses API (openai_responses.py), translated onto the chat route
     GET  /v1/responses/{id}     a stored response
-    GET  /v1/models, /v1/models/{id}
-    GET  /health                200 {"status": "ok"} once the model is loaded, 503 while it loads or stops
+    GET  /v1/models, /v1/models/{id}   each model, with its `state` (loaded, loading, unloaded, failed)
+    GET  /health                200 {"status": "ok"} once the (first) model is loaded, 503 while it loads or stops
     POST /tokenize              {"prompt": "..."} or {"messages": [...]} -> {"tokens": [...], "count": n}
     POST /detokenize            {"tokens": [...]} -> {"prompt": "..."}
-    GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template
+    GET  /tokenizer_info        eos and bos tokens, stop ids, the chat template (?model=NAME picks the model)
     GET  /metrics               Prometheus's text format: requests, tokens, queue, KV cache, latencies
+    POST /v1/embeddings         an embedding model's vectors (embeddings.py)
+    POST /v1/rerank, /rerank    a reranker's scores (rerank.py)
     GET  /                      the chat page (page/index.html), a client of the routes above
+
+Every route that runs a model picks it with `await api.model_for(requested)`: `requested` is the
+body's `model` field (a GET route's `?model=` query parameter), and the ServedModel it gives is
+loaded first if it was not (the request waits), or the request is refused with the status that
+says why (404 `model_not_found` naming the served models, 503 while the first model loads, 500
+`model_load_failed`); with one model served, any name picks it. A route awaits nothing between
+model_for and submitting its job, so the model cannot be unloaded under it (models.py). A new
+route does the same: read the body, `served = await self.model_for(body.get("model"))`, then run;
+a route that awaits while it uses the model outside its job queue (on a thread, say) holds it for
+that time instead: `async with self.models.held(body.get("model")) as served: ...`.
 
 Chat requests may ask for structured output (`response_format`, run by structured.py) and offer
 tools (tool_calls.py). A streamed reply is a server-sent event per piece of text (or of a tool
@@ -46,10 +58,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mnngpu.apps.server import anthropic_messages, openai_responses
+from mnngpu.apps.server import anthropic_messages, embeddings, openai_responses, rerank
 from mnngpu.apps.server.choice import Piece
-from mnngpu.apps.server.engine import Job, ModelSlot, Result, ServedModel
+from mnngpu.apps.server.engine import Job, Result, ServedModel
+from mnngpu.apps.server.kinds import EMBEDDING, LLM, RERANKER, listing, require_kind
 from mnngpu.apps.server.metrics import ServerMetrics
+from mnngpu.apps.server.models import ModelSlot, ServedModels
 from mnngpu.apps.server.page import chat_page
 from mnngpu.apps.server.protocol import (
     DEFAULT_MAX_BODY_BYTES,
@@ -66,12 +80,13 @@ from mnngpu.apps.server.translation import ParamMap, renamed
 from mnngpu.errors import MnnGpuError
 
 
-def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The app over a loaded model, or over a ModelSlot that gets one once it has loaded."""
-    slot = served if isinstance(served, ModelSlot) else ModelSlot(served)
+def create_app(served: ServedModel | ServedModels, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The app over a loaded model, or over ServedModels: several, or a ModelSlot that gets its one
+    model once it has loaded."""
+    models = served if isinstance(served, ServedModels) else ModelSlot(served)
     routes: list[Route] = []
-    metrics = ServerMetrics(routes, slot)
-    api = OpenAiApi(slot, max_body_bytes, metrics)
+    metrics = ServerMetrics(routes, models)
+    api = OpenAiApi(models, max_body_bytes, metrics)
     routes += [
         Route("/", chat_page, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -80,20 +95,23 @@ def create_app(served: ServedModel | ModelSlot, max_body_bytes: int = DEFAULT_MA
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
         Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/responses/{response_id}", api.response, methods=["GET"]),
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.show_model, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),
         Route("/metrics", api.scrape, methods=["GET"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/v1/rerank", api.rerank, methods=["POST"]),
+        Route("/rerank", api.rerank, methods=["POST"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        slot.close()
+        models.close()
 
     return AccessLog(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), metrics)
 
@@ -170,127 +188,164 @@ OPENAI_REPLY = OpenAiReply()
 
 
 class OpenAiApi:
-    def __init__(self, slot: ModelSlot, max_body_bytes: int, metrics: ServerMetrics):
-        self.slot = slot
+    def __init__(self, models: ServedModels, max_body_bytes: int, metrics: ServerMetrics):
+        self.models = models
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.stored = openai_responses.ResponseStore()
 
-    @property
-    def served(self) -> ServedModel:
-        return self.slot.model
+    async def model_for(self, requested: object, kind: str = LLM) -> ServedModel:
+        """The loaded model a request names (see the module's docstring); a 400 naming its kind when
+        it is not of the `kind` the route runs (kinds.py)."""
+        served = await self.models.model_for(requested)
+        require_kind(served, kind)
+        return served
 
-    def _model(self) -> dict:
-        return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "mnngpu"}
+    def _entries(self) -> list:
+        if self.models.first.name is None:   # a ModelSlot whose model has not loaded: its name is not known
+            raise ApiError(503, "the model is still loading; GET /health answers 200 once it is ready",
+                           kind="server_error", code="model_loading")
+        return self.models.entries
 
-    async def models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [self._model()]})
+    async def list_models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [listing(entry) for entry in self._entries()]})
 
-    async def model(self, request: Request) -> JSONResponse:
+    async def show_model(self, request: Request) -> JSONResponse:
         model_id = request.path_params["model_id"]
-        if model_id != self.served.name:
-            raise ApiError(404, f"no model '{model_id}' here; this server has '{self.served.name}'",
-                           param="model", kind="not_found_error", code="model_not_found")
-        return JSONResponse(self._model())
+        entries = self._entries()
+        for entry in entries:
+            if entry.name == model_id:
+                return JSONResponse(listing(entry))
+        raise ApiError(404, f"no model '{model_id}' here; this server has "
+                            f"{', '.join(repr(entry.name) for entry in entries)}",
+                       param="model", kind="not_found_error", code="model_not_found")
 
     async def health(self, request: Request) -> JSONResponse:
-        status = "stopping" if self.slot.stopping else "loading" if self.slot.served is None else "ok"
-        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+        models = self.models
+        status = "stopping" if models.stopping else "ok" if models.started else "loading"
+        body = {"status": status}
+        if models.several:
+            body["models"] = {entry.name: entry.state for entry in models.entries}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def scrape(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def tokenize(self, request: Request) -> JSONResponse:
         body = await read_json(request, self.max_body_bytes)
-        return JSONResponse(tokenize(self.served.llm, body))
+        served = await self.model_for(body.get("model"))
+        return JSONResponse(tokenize(served.llm, body))
 
     async def detokenize(self, request: Request) -> JSONResponse:
         body = await read_json(request, self.max_body_bytes)
-        return JSONResponse(detokenize(self.served.llm, body))
+        served = await self.model_for(body.get("model"))
+        return JSONResponse(detokenize(served.llm, body))
 
     async def tokenizer_info(self, request: Request) -> JSONResponse:
-        return JSONResponse(self.served.tokenizer_info())
+        served = await self.model_for(request.query_params.get("model"))
+        return JSONResponse(served.tokenizer_info())
 
     async def chat_completions(self, request: Request) -> Response:
-        parsed = parse_chat_request(await read_json(request, self.max_body_bytes))
-        return await self._generate(request, parsed, [self._chat_prompt(parsed)], chat=True)
-
-    def _chat_prompt(self, parsed: GenerationRequest) -> str:
-        parsed.messages = for_template(parsed.messages, self.served.chat_template())
-        return self.served.chat_prompt(parsed.messages, parsed)
+        body = await read_json(request, self.max_body_bytes)
+        parsed = parse_chat_request(body)
+        served = await self.model_for(body.get("model"))
+        return await self._generate(request, served, parsed, [_chat_prompt(served, parsed)], chat=True)
 
     async def completions(self, request: Request) -> Response:
-        parsed = parse_completion_request(await read_json(request, self.max_body_bytes))
-        return await self._generate(request, parsed, parsed.prompts, chat=False)
+        body = await read_json(request, self.max_body_bytes)
+        parsed = parse_completion_request(body)
+        served = await self.model_for(body.get("model"))
+        return await self._generate(request, served, parsed, parsed.prompts, chat=False)
 
     async def messages(self, request: Request) -> Response:
         try:
             body = await read_json(request, self.max_body_bytes)
-            parsed, reply = anthropic_messages.parse(body, self.served.name)
+            served = await self.model_for(body.get("model"))
+            parsed, reply = anthropic_messages.parse(body, served.name)
             with _own_names(reply.params):
-                prompt = self._chat_prompt(parsed)
+                prompt = _chat_prompt(served, parsed)
                 if parsed.stream:
-                    reply.input_tokens = self._count(prompt, parsed)
-                return await self._generate(request, parsed, [prompt], chat=True, reply=reply)
+                    reply.input_tokens = _count(served, prompt, parsed)
+                return await self._generate(request, served, parsed, [prompt], chat=True, reply=reply)
         except ApiError as exc:
             return _refused(request, exc, anthropic_messages.error_body(exc))
 
     async def count_tokens(self, request: Request) -> Response:
         try:
             body = await read_json(request, self.max_body_bytes)
-            parsed, reply = anthropic_messages.parse(body, self.served.name, count_only=True)
+            served = await self.model_for(body.get("model"))
+            parsed, reply = anthropic_messages.parse(body, served.name, count_only=True)
             with _own_names(reply.params):
-                return JSONResponse({"input_tokens": self._count(self._chat_prompt(parsed), parsed)})
+                return JSONResponse({"input_tokens": _count(served, _chat_prompt(served, parsed), parsed)})
         except ApiError as exc:
             return _refused(request, exc, anthropic_messages.error_body(exc))
 
-    def _count(self, prompt: str, parsed: GenerationRequest) -> int:
-        try:
-            return self.served.llm.count_prompt_tokens(prompt, parsed.media)
-        except MnnGpuError as exc:
-            raise ApiError(400, str(exc), param="messages") from None
-
     async def responses(self, request: Request) -> Response:
         body = await read_json(request, self.max_body_bytes)
-        parsed, reply = openai_responses.parse(body, self.served.name, self.stored)
+        served = await self.model_for(body.get("model"))
+        parsed, reply = openai_responses.parse(body, served.name, self.stored)
         with _own_names(reply.params):
-            return await self._generate(request, parsed, [self._chat_prompt(parsed)], chat=True, reply=reply)
+            return await self._generate(request, served, parsed, [_chat_prompt(served, parsed)], chat=True,
+                                        reply=reply)
 
     async def response(self, request: Request) -> JSONResponse:
         return JSONResponse(self.stored.find(request.path_params["response_id"]))
 
-    async def _generate(self, request: Request, parsed: GenerationRequest, prompts: list, chat: bool,
-                        reply: ReplyFormat = OPENAI_REPLY) -> Response:
-        served = self.served
+    async def embeddings(self, request: Request) -> JSONResponse:
+        body = await read_json(request, self.max_body_bytes)
+        served = await self.model_for(body.get("model"), EMBEDDING)
+        return JSONResponse(await embeddings.create_embeddings(served, body))
+
+    async def rerank(self, request: Request) -> JSONResponse:
+        body = await read_json(request, self.max_body_bytes)
+        served = await self.model_for(body.get("model"), RERANKER)
+        return JSONResponse(await rerank.create_rerank(served, body))
+
+    async def _generate(self, request: Request, served: ServedModel, parsed: GenerationRequest, prompts: list,
+                        chat: bool, reply: ReplyFormat = OPENAI_REPLY) -> Response:
         job = served.new_job(prompts, parsed)
         shape = ResponseShape(chat, served.name, served.llm.tokenizer, parsed.logprobs is not None, parsed.tools)
         if parsed.stream:
-            return self._stream(request.scope, job, shape, reply)
-        result = await self._result_unless_gone(request, job)
+            return _stream(served, request.scope, job, shape, reply)
+        result = await _result_unless_gone(served, request, job)
         if result is None:
             return Response(status_code=499)  # nobody is listening any more
         request.scope[TOKENS_KEY] = result.usage.completion_tokens
         return JSONResponse(reply.body(shape.complete(result.choices, result.usage), result))
 
-    async def _result_unless_gone(self, request: Request, job: Job) -> Result | None:
-        result = asyncio.wrap_future(self.served.submit(job))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if result.done():
-            return result.result()
-        job.cancel()
-        return None
 
-    def _stream(self, scope: dict, job: Job, shape: ResponseShape, reply: ReplyFormat) -> Response:
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
-        job.on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
-        future = self.served.submit(job)  # a full queue is refused here, before any event is sent
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
-        return JobStream(job, reply.events(_chunks(scope, shape, pieces, future, job.request.include_usage), future))
+def _chat_prompt(served: ServedModel, parsed: GenerationRequest) -> str:
+    parsed.messages = for_template(parsed.messages, served.chat_template())
+    return served.chat_prompt(parsed.messages, parsed)
+
+
+def _count(served: ServedModel, prompt: str, parsed: GenerationRequest) -> int:
+    try:
+        return served.llm.count_prompt_tokens(prompt, parsed.media)
+    except MnnGpuError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+
+
+async def _result_unless_gone(served: ServedModel, request: Request, job: Job) -> Result | None:
+    result = asyncio.wrap_future(served.submit(job))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if result.done():
+        return result.result()
+    job.cancel()
+    return None
+
+
+def _stream(served: ServedModel, scope: dict, job: Job, shape: ResponseShape, reply: ReplyFormat) -> Response:
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue = asyncio.Queue()
+    job.on_text = lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)
+    future = served.submit(job)  # a full queue is refused here, before any event is sent
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
+    return JobStream(job, reply.events(_chunks(scope, shape, pieces, future, job.request.include_usage), future))
 
 
 @contextlib.contextmanager

@@ -331,33 +331,3 @@ def _total_usage(choices: list[Choice], n: int) -> Usage:
     firsts = [choice.usage for choice in choices if choice.index % n == 0]
     return Usage(sum(u.prompt_tokens for u in firsts), sum(c.usage.completion_tokens for c in choices),
                  sum(u.cached_tokens for u in firsts), sum(c.usage.reasoning_tokens for c in choices))
-
-
-class ModelSlot:
-    """The served model, once loaded. Until then every request but GET /health gets 503
-    (`code: "model_loading"`), so a server can answer while its model loads."""
-
-    def __init__(self, served: ServedModel | None = None):
-        self.served = served
-        self.stopping = False
-
-    @property
-    def model(self) -> ServedModel:
-        if self.served is None:
-            raise ApiError(503, "the model is still loading; GET /health answers 200 once it is ready",
-                           kind="server_error", code="model_loading")
-        return self.served
-
-    def ready(self, served: ServedModel) -> None:
-        self.served = served
-        if self.stopping:
-            served.stop()
-
-    def stop(self) -> None:
-        self.stopping = True
-        if self.served is not None:
-            self.served.stop()
-
-    def close(self) -> None:
-        if self.served is not None:
-            self.served.close()

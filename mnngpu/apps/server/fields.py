@@ -24,8 +24,10 @@ IMPLEMENTED, INERT, REFUSED = "implemented", "inert", "refused"
 CHAT, COMPLETIONS = "chat", "completions"
 BOTH = (CHAT, COMPLETIONS)
 MESSAGES, RESPONSES = "messages", "responses"   # Anthropic's POST /v1/messages, OpenAI's POST /v1/responses
+EMBEDDINGS = "embeddings"   # OpenAI's POST /v1/embeddings (embeddings.py)
+RERANK = "rerank"   # POST /v1/rerank and /rerank, the shape llama-server, vLLM and Cohere's v1 take (rerank.py)
 ROUTES = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions", MESSAGES: "/v1/messages",
-          RESPONSES: "/v1/responses"}
+          RESPONSES: "/v1/responses", EMBEDDINGS: "/v1/embeddings", RERANK: "/v1/rerank"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def _refused(note: str, asks_nothing: Callable[[Any], bool] = _is_null,
 
 
 FIELDS: dict[str, Field] = {
-    "model": _inert("one model is served; any id is answered by it (GET /v1/models names it)"),
+    "model": _implemented("picks the served model by its id (GET /v1/models; a 404 names the served ones); with one model served, any id is answered by it"),
     "messages": _implemented("roles system, developer (as system unless the chat template names developer), "
                              "user, assistant (with tool_calls), tool (with tool_call_id); text, image_url "
                              "(data: URLs) and input_audio (wav) parts", (CHAT,)),
@@ -143,7 +145,7 @@ def _responses(status: str, note: str, asks_nothing: Callable[[Any], bool] | Non
 # The fields of the two APIs that are translated onto the chat route (anthropic_messages.py,
 # openai_responses.py): a row each, as their names mean other things there.
 FIELDS.update({
-    "messages:model": _messages(INERT, "one model is served; any id is answered by it"),
+    "messages:model": _messages(IMPLEMENTED, "picks the served model by its id (GET /v1/models; a 404 names the served ones); with one model served, any id is answered by it"),
     "messages:messages": _messages(IMPLEMENTED, "user and assistant turns (and system ones): text, image (base64, "
                                                 "or a url source that is a data: URL), tool_use and tool_result "
                                                 "blocks; thinking blocks of earlier turns are dropped; a last "
@@ -177,7 +179,7 @@ FIELDS.update({
     "messages:speed": _messages(INERT, "one speed"),
     "messages:user_profile_id": _messages(INERT, "not stored"),
     "messages:workspace_id": _messages(INERT, "not stored"),
-    "responses:model": _responses(INERT, "one model is served; any id is answered by it"),
+    "responses:model": _responses(IMPLEMENTED, "picks the served model by its id (GET /v1/models; a 404 names the served ones); with one model served, any id is answered by it"),
     "responses:input": _responses(IMPLEMENTED, "a string, or items: messages (roles user, system, developer, "
                                                "assistant; input_text, input_image (data: URLs) and output_text "
                                                "parts), function_call and function_call_output; reasoning items "
@@ -225,6 +227,42 @@ FIELDS.update({
     "responses:prompt_cache_key": _responses(INERT, "the KV cache is reused by prompt text (reuse_kv), not by key"),
     "responses:prompt_cache_options": _responses(INERT, "as prompt_cache_key"),
     "responses:prompt_cache_retention": _responses(INERT, "as prompt_cache_key"),
+})
+
+
+
+def _embeddings(status: str, note: str) -> Field:
+    """A row of OpenAI's embeddings API; its key is "embeddings:NAME"."""
+    return Field((EMBEDDINGS,), status, note)
+
+
+FIELDS.update({
+    "embeddings:input": _embeddings(IMPLEMENTED, "a string, a list of strings, a list of token ids or a list of "
+                                                 "token-id lists (at most 2048); a string gets the model's template "
+                                                 "(as txt_embedding), token ids are embedded as given"),
+    "embeddings:model": _embeddings(IMPLEMENTED, "picks the served model (GET /v1/models); an LLM is refused"),
+    "embeddings:encoding_format": _embeddings(IMPLEMENTED, "float (default) or base64 (little-endian float32)"),
+    "embeddings:dimensions": _embeddings(IMPLEMENTED, "Matryoshka truncation, then unit length again; only for a "
+                                                      "model whose config sets matryoshka true, else a 400"),
+    "embeddings:user": _embeddings(INERT, "not stored"),
+})
+
+
+def _rerank(status: str, note: str, asks_nothing: Callable[[Any], bool] | None = None) -> Field:
+    """A row of the rerank API; its key is "rerank:NAME"."""
+    return Field((RERANK,), status, note, _is_null if status == REFUSED and asks_nothing is None else asks_nothing)
+
+
+FIELDS.update({
+    "rerank:query": _rerank(IMPLEMENTED, "the query, a non-empty string"),
+    "rerank:documents": _rerank(IMPLEMENTED, "strings, or objects with a text field (at most 2048)"),
+    "rerank:model": _rerank(IMPLEMENTED, "picks the served model (GET /v1/models); only a reranker answers"),
+    "rerank:top_n": _rerank(IMPLEMENTED, "the most relevant n results (default: all)"),
+    "rerank:return_documents": _rerank(IMPLEMENTED, "each result carries its document's text (default: false)"),
+    "rerank:instruct": _rerank(IMPLEMENTED, "extension: the instruction of Qwen3-Reranker's prompt (default: empty, "
+                                            "as MNN's)"),
+    "rerank:rank_fields": _rerank(REFUSED, "documents are text; only null"),
+    "rerank:max_chunks_per_doc": _rerank(REFUSED, "a document is not cut into chunks; only null"),
 })
 
 STREAM_OPTIONS = {"include_usage": IMPLEMENTED, "include_obfuscation": INERT}

@@ -13,12 +13,18 @@ the format Prometheus, and the routers that spread requests over servers, scrape
     mnngpu_kv_cache_max_tokens                 max_all_tokens, the most a sequence may hold
     mnngpu_kv_cache_usage_ratio                tokens held / max_all_tokens
     mnngpu_kv_cache_bytes                      bytes of the backend's caches (keys, values, recurrent state)
+    mnngpu_prefix_cache_queries_total          prompt tokens looked up in the prompt cache (--cache-ram)
+    mnngpu_prefix_cache_hits_total             of those, the ones found there (vLLM's names and units)
+    mnngpu_prefix_cache_blocks, _bytes         blocks the prompt cache holds, and their bytes
     mnngpu_time_to_first_token_seconds         histogram: a request's arrival to its first sampled token
     mnngpu_time_per_output_token_seconds       histogram: one sampled token to the next, within a choice
 
 Each app has its own registry, so two servers in one process keep their counts apart. The
 model's part (ModelMetrics) belongs to the ServedModel and joins the app's registry once the
-model has loaded; until then /metrics shows the HTTP counts alone.
+model has loaded; until then /metrics shows the HTTP counts alone. A server of several models
+(models.py) shows each loaded model's part with a `model` label (its id); a model's counts
+start again from 0 when it loads again after an unload, as Prometheus's counters may.
+`mnngpu_requests_total` counts the HTTP responses of every model together.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 
@@ -112,6 +118,15 @@ class ServedGauges(Collector):
         yield _gauge("mnngpu_kv_cache_usage_ratio", "Tokens held / the most they may hold", held / room)
         yield _gauge("mnngpu_kv_cache_bytes", "Bytes of the slots' KV caches and recurrent states (backend and "
                      "CPU backup)", served.batch.cache_bytes())
+        blocks = served.slots.prompt_blocks
+        if blocks is not None:
+            cache = blocks.cache
+            yield CounterMetricFamily("mnngpu_prefix_cache_queries", "Prompt tokens looked up in the prompt cache",
+                                      value=cache.counts.queries)
+            yield CounterMetricFamily("mnngpu_prefix_cache_hits", "Prompt tokens the prompt cache held",
+                                      value=cache.counts.hits)
+            yield _gauge("mnngpu_prefix_cache_blocks", "KV blocks the prompt cache holds", len(cache))
+            yield _gauge("mnngpu_prefix_cache_bytes", "Bytes the prompt cache holds (host memory)", cache.nbytes)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -121,12 +136,12 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 class ServerMetrics:
     """The app's registry: the HTTP responses, and the served model's counts once it has loaded."""
 
-    def __init__(self, routes: list[BaseRoute], slot):
+    def __init__(self, routes: list[BaseRoute], models):
         self.routes = routes
         self.registry = CollectorRegistry()
         self.requests = Counter("mnngpu_requests", "HTTP responses by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
-        self.registry.register(_LoadedModel(slot))
+        self.registry.register(_LoadedModels(models))
 
     def count_response(self, scope: dict, status: int) -> None:
         self.requests.labels(endpoint=self.endpoint(scope), status=str(status)).inc()
@@ -143,13 +158,23 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _LoadedModel(Collector):
-    """The served model's registry, once the slot has one."""
+class _LoadedModels(Collector):
+    """The loaded models' registries: one model's as it is, several models' merged, a sample per
+    model, each labelled with its model's id."""
 
-    def __init__(self, slot):
-        self.slot = slot
+    def __init__(self, models):
+        self.models = models
 
     def collect(self) -> Iterator[Metric]:
-        served = self.slot.served
-        if served is not None:
-            yield from served.metrics.registry.collect()
+        loaded = self.models.loaded()
+        if not self.models.several:
+            for served in loaded:
+                yield from served.metrics.registry.collect()
+            return
+        merged: dict[str, Metric] = {}
+        for served in loaded:
+            for family in served.metrics.registry.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                into.samples += [sample._replace(labels={**sample.labels, "model": served.name})
+                                 for sample in family.samples]
+        yield from merged.values()

@@ -17,6 +17,9 @@ Without `--address` it joins the Ray cluster this machine runs (`ray start --hea
 the model folder must be at the same path on every node. Every reply carries an
 `x-mnngpu-replica` header naming the replica that wrote it. Ctrl-C stops the replicas and, if this
 command started the cluster, the cluster.
+
+It serves one model: several MODEL arguments or --models-dir are refused (run one application per
+model, each on its own port, as docs/server.md says).
 """
 
 from __future__ import annotations
@@ -62,14 +65,13 @@ class _NoServer:
 def replica_app(args: argparse.Namespace, address: tuple[str, int], replica: str):
     """The app of `mnngpu serve` over the model `args` name, loaded the way `mnngpu serve` loads it."""
     from mnngpu.apps.server.app import create_app
-    from mnngpu.apps.server.engine import ModelSlot
 
     serve_command.configure_logs(args.quiet)
-    slot = ModelSlot()
-    loading = serve_command.ModelLoad(args, slot, _NoServer(), address)
+    models = serve_command.served_models(args)
+    loading = serve_command.ModelLoad(models, _NoServer(), address)
     loading.run()   # here, not in a thread: Ray counts the replica as started once its app exists
     loading.raise_failure()
-    return ReplicaHeader(create_app(slot, args.max_body_bytes), replica)
+    return ReplicaHeader(create_app(models, args.max_body_bytes), replica)
 
 
 def deployment(args: argparse.Namespace):
@@ -167,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         raise MnnGpuError("Ray Serve is not installed: pip install 'mnngpu[ray]'", field="ray") from None
     if args.port == 0:
         raise InputError("Ray Serve's proxy needs a fixed port, not 0", field="--port")
+    if args.more_models or args.models_dir:
+        raise InputError("serves one model on Ray Serve; for several, run one application per model (each with "
+                         "its own --port), or `mnngpu serve` with them all", field="model")
     if args.model is not None:  # every replica, on any node, reads the folder at this path
         args.model = str(model_path(args).resolve())
     check_settings(args)

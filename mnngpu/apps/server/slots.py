@@ -5,7 +5,9 @@ model through SequenceView, which looks like the Llm to the chat code (choice.py
 but works on the slot's sequence: a forward, a reset or the prefix cache runs on the Batch's
 stepping thread between steps, and generate() submits the reply to the Batch and waits while
 the reply's tokens reach `on_token` from that thread. Every slot keeps its own PromptCache, so
-with `reuse_kv` a request that continues a slot's text is given that slot.
+with `reuse_kv` a request that continues a slot's text is given that slot. With `cache_ram` the
+slots also share the prompt blocks of every earlier request (prompt_blocks.py): a prompt that
+starts a slot afresh takes the blocks of its start from there before the Batch prefills the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mnngpu.apps.chat import PromptCache
+from mnngpu.apps.server.prompt_blocks import PromptBlocks
 from mnngpu.backend.kv import Sequence
 from mnngpu.generation.batch import Batch
 
@@ -22,8 +25,9 @@ class SequenceView:
     """The Llm as one slot's choices see it (see the module's docstring); everything that is not
     the sequence's own (config, tokenizer, prompt, embedding ...) is the Llm's."""
 
-    def __init__(self, batch: Batch, sequence: Sequence):
+    def __init__(self, batch: Batch, sequence: Sequence, prompt_blocks: PromptBlocks | None = None):
         self._batch, self._llm, self.sequence = batch, batch.llm, sequence
+        self.prompt_blocks = prompt_blocks
         self.runtime = _SequenceRuntime(batch.llm.runtime, sequence)
         self.sampler = None   # the choice's, set before each reply
 
@@ -44,8 +48,13 @@ class SequenceView:
         return self._on_sequence(lambda: self._llm.cache_prefix(ids))
 
     def generate(self, ids, max_new_tokens: int | None = None, on_token=None, stop_ids=None) -> list[int]:
-        request = self._batch.submit(ids, max_new_tokens, self.sampler, on_token, stop_ids, self.sequence)
-        return request.wait().tokens
+        ids, cached, held = self._llm.token_ids(ids), 0, 0
+        if self.prompt_blocks is not None and not self.sequence.meta.kept:
+            cached, held = self.prompt_blocks.prefill(ids, self._on_sequence)
+        request = self._batch.submit(ids[held:], max_new_tokens, self.sampler, on_token, stop_ids, self.sequence)
+        tokens = request.wait().tokens
+        self.sequence.context.prefix_cached += cached   # the Batch counted only what it was given
+        return tokens
 
     def _on_sequence(self, fn):
         return self._batch.call(self.sequence, fn)
@@ -83,11 +92,14 @@ class Slots:
     changed: threading.Condition = field(default_factory=threading.Condition)
     _count: int = 0
 
+    prompt_blocks: PromptBlocks | None = None   # the blocks every slot shares (cache_ram), or None
+
     @classmethod
     def of(cls, batch: Batch) -> Slots:
         slots = cls(batch)
+        slots.prompt_blocks = PromptBlocks.for_model(batch.llm)
         for sequence in batch.sequences:
-            view = SequenceView(batch, sequence)
+            view = SequenceView(batch, sequence, slots.prompt_blocks)
             slots.all.append(Slot(view, PromptCache(view)))
         slots.free = list(slots.all)
         return slots
