@@ -35,22 +35,18 @@ def _port(text: str) -> int:
     return port
 
 
+def at_least(low: int, field: str, expected: str):
+    """An argparse type: an integer of at least `low`, else one error naming `field` and `expected`."""
+    def parse(text: str) -> int:
+        value = _int(text, field)
+        if value < low:
+            raise InputError(f"expected {expected}, got {value}", field=field)
+        return value
+    return parse
+
+
 def positive(field: str):
-    def parse(text: str) -> int:
-        value = _int(text, field)
-        if value < 1:
-            raise InputError(f"expected a positive integer, got {value}", field=field)
-        return value
-    return parse
-
-
-def _not_negative(field: str):
-    def parse(text: str) -> int:
-        value = _int(text, field)
-        if value < 0:
-            raise InputError(f"expected an integer >= 0, got {value}", field=field)
-        return value
-    return parse
+    return at_least(1, field, "a positive integer")
 
 
 def _int(text: str, field: str) -> int:
@@ -58,13 +54,6 @@ def _int(text: str, field: str) -> int:
         return int(text)
     except ValueError:
         raise InputError(f"expected an integer, got '{text}'", field=field) from None
-
-
-def _budget(text: str) -> int:
-    value = _int(text, "--reasoning-budget")
-    if value < -1:
-        raise InputError(f"expected -1 (no bound) or a number of tokens, got {value}", field="--reasoning-budget")
-    return value
 
 
 def register(subparsers) -> None:
@@ -97,13 +86,14 @@ def register(subparsers) -> None:
     parser.add_argument("--parallel", "-np", type=positive("--parallel"), default=None,
                         help="slots: requests generated at once, their decode rows batched in one forward "
                              f"(default: {DEFAULT_SLOTS} where the model and backend batch, else 1)")
-    parser.add_argument("--cache-ram", type=_not_negative("--cache-ram"), default=None, metavar="MIB",
+    parser.add_argument("--cache-ram", type=at_least(0, "--cache-ram", "an integer >= 0"), default=None, metavar="MIB",
                         help="MiB of host memory for the prompt cache every request and slot shares (the "
                              "cache_ram config key; 0: off, the default)")
     parser.add_argument("--reasoning-format", choices=["auto", "none"], default="auto",
                         help="auto: a thinking model's reply comes back as reasoning_content and content; none: "
                              "all of it in content (default: %(default)s)")
-    parser.add_argument("--reasoning-budget", type=_budget, default=-1, metavar="N",
+    parser.add_argument("--reasoning-budget", default=-1, metavar="N",
+                        type=at_least(-1, "--reasoning-budget", "-1 (no bound) or a number of tokens"),
                         help="tokens a thinking model may think before the server closes its think block; 0 "
                              "closes it at once, -1 is no bound; a request's thinking_budget_tokens overrides it "
                              "(default: %(default)s)")
