@@ -486,3 +486,23 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_and_never_says_serving():
                               text=True, timeout=WAIT_S, check=False)
     assert done.returncode == 2
     assert done.stderr == f"error: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_a_folder_that_speculates_is_told_the_server_decodes_one_token_per_forward():
+    """The server's decode step is one token per forward: a speculative_type in the folder is said once
+    at load, naming the key, never quietly dropped; a folder without one says nothing."""
+    import warnings
+
+    from mnngpu.config.llm_config import ConfigWarning
+
+    for speculative, expected in (("lookahead", 1), ("", 0)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            served = ServedModel(load_model(speculative_type=speculative) if speculative else load_model(), "m")
+        try:
+            said = [w for w in caught if issubclass(w.category, ConfigWarning) and "speculative_type" in str(w.message)]
+            assert len(said) == expected
+            if expected:
+                assert "'lookahead'" in str(said[0].message) and "one token per forward" in str(said[0].message)
+        finally:
+            served.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from copy import deepcopy
@@ -44,6 +45,7 @@ from mnngpu.apps.server.reasoning import (
     template_variables,
 )
 from mnngpu.apps.server.slots import Slots
+from mnngpu.config.llm_config import ConfigWarning
 from mnngpu.errors import InputError, MnnGpuError
 from mnngpu.generation.batch import Batch
 from mnngpu.sampler import Sampler
@@ -85,6 +87,14 @@ class ServedStats:
     done: threading.Condition = field(default_factory=threading.Condition)
 
 
+def _say_no_speculation(llm) -> None:
+    """The server decodes one token per forward whatever the folder's speculative_type: say so once."""
+    if llm.strategy.name != "ar":
+        warnings.warn(f"{llm.config.origin('speculative_type')}: speculative_type "
+                      f"{llm.config.get('speculative_type')!r} is not used by the server, which decodes one "
+                      "token per forward (run, chat and bench speculate)", ConfigWarning, stacklevel=3)
+
+
 class ServedModel:
     def __init__(self, llm, name: str, max_queue: int = DEFAULT_MAX_QUEUE, created: int = 0,
                  show_special: bool = False, parallel: int = 1, reasoning_format: str = "auto",
@@ -104,6 +114,7 @@ class ServedModel:
         self.max_queue = max_queue
         self.show_special = show_special
         self.batch = Batch(llm, parallel)
+        _say_no_speculation(llm)
         self.batch.warm()
         self.slots = Slots.of(self.batch)
         self.cache = self.slots.all[0].cache   # the chat markup (stop ids, turn openings) every slot shares
