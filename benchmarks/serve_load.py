@@ -282,7 +282,9 @@ async def client_run(client, server: Server, first: int, args, body: dict, warm_
 
 
 async def level(server: Server, clients: int, args, body: dict, warm_up: bool = False) -> Level:
-    limits = httpx.Limits(max_connections=clients + 1)
+    # a new connection per request: llama-server (cpp-httplib) closes a kept-alive connection after its
+    # 5th request, and a client that sent a 6th on it got "Server disconnected without sending a response"
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         start = time.perf_counter()
         runs = await asyncio.gather(*(client_run(client, server, 1000 * (c + 1), args, body, warm_up)

@@ -23,7 +23,7 @@ from benchmarks.machine import cpu_description
 from benchmarks.profile_table import prefill_then_decode, print_table, step_seconds
 from mnngpu.apps import bench
 from mnngpu.backends.vulkan import VulkanBackend
-from mnngpu.backends.vulkan.program import Segment
+from mnngpu.backends.vulkan.program import CommandSegment
 
 
 def capture_dispatches(model, prompt: int) -> dict[str, list]:
@@ -47,7 +47,7 @@ def capture_dispatches(model, prompt: int) -> dict[str, list]:
             for name, found in captured.items()}
 
 
-def best_submit_seconds(backend, segment: Segment, repeats: int) -> float:
+def best_submit_seconds(backend, segment: CommandSegment, repeats: int) -> float:
     segment.record(backend.device, backend.command_pool, backend.descriptors)
     best = float("inf")
     for _ in range(repeats):
@@ -60,10 +60,10 @@ def best_submit_seconds(backend, segment: Segment, repeats: int) -> float:
 def dispatch_seconds(dispatches: list, repeats: int) -> dict[str, list[float]]:
     """Seconds per dispatch, less a lone submit's own cost, keyed by kernel name and grid."""
     backend = dispatches[0][0]
-    overhead = best_submit_seconds(backend, Segment(), repeats * 4)
+    overhead = best_submit_seconds(backend, CommandSegment(), repeats * 4)
     times: dict[str, list[float]] = defaultdict(list)
     for _, dispatch in dispatches:
-        segment = Segment()
+        segment = CommandSegment()
         segment.add(dispatch)
         seconds = best_submit_seconds(backend, segment, repeats) - overhead
         times[f"{dispatch.kernel.name} groups {dispatch.groups}"].append(max(seconds, 0.0))

@@ -20,7 +20,7 @@ import pytest
 from mnngpu import jit
 from mnngpu.backends.cpu.kernels import fastmath, lane_kernels
 from mnngpu.backends.cpu.kernels import linear_kernels as kernels
-from mnngpu.backends.cpu.ops import attention, norm, rope
+from mnngpu.backends.cpu.ops import attention, norm, normed_linear, rope
 from tests import reference
 
 RNG_SEED = 7
@@ -186,6 +186,46 @@ def test_lanes_gated_twin(kernel, xq_type, levels):
     reference.assert_close(twin, want, 1e-5)
 
 
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("kernel", [normed_linear.normed_lanes_group, normed_linear.normed_lanes_group_serial,
+                                    normed_linear.normed_lanes_gated, normed_linear.normed_lanes_gated_serial])
+def test_normed_lanes_twin(kernel, residual):
+    """The norm folded into a lane kernel (backends/cpu/ops/normed_linear.py): the residual sum and the
+    RMSNorm written out, and the layer applied to that norm."""
+    rng = np.random.default_rng(RNG_SEED)
+    rows, ic, oc, block = 3, 128, 48, 64
+    gated = "gated" in kernel.py_func.__name__
+    gate, up = _Layer(rng, oc, ic, 4, block), _Layer(rng, oc, ic, 4, block)
+    a = rng.normal(size=(rows, ic)).astype(np.float32)
+    b = rng.normal(size=(rows, ic)).astype(np.float32) if residual else np.zeros((0, ic), np.float32)
+    gamma = rng.normal(size=ic).astype(np.float32)
+    empty = np.zeros(0, np.float32)
+
+    def args():
+        sums, xs = np.empty((rows, ic), np.float32), np.empty((rows, ic), np.float32)
+        outs = (np.empty((rows, oc), np.float32), np.empty((rows, oc), np.float32))
+        linear = (*_lane_matrices([gate, up]), (empty, empty), kernels.row_spans([oc, oc]), xs, block,
+                  *lane_kernels.x_buffers(rows, ic, block), outs)
+        return (a, b, sums if residual else a, gamma, empty, 1e-6, True, *linear,
+                *((np.empty((rows, oc), np.float32),) if gated else ()))
+
+    (sums, sums_twin), (xs, xs_twin), (outs, outs_twin) = _both(kernel, args, (2, 12, 17))
+    normed = reference.rms_norm(a + b if residual else a, gamma, 1e-6)
+    for got in (xs, xs_twin):
+        reference.assert_close(got, normed, 1e-5)
+    if residual:
+        assert np.array_equal(sums, a + b) and np.array_equal(sums_twin, a + b)
+    if gated:
+        last = (kernel.py_func.__code__.co_argcount - 1,)
+        (compiled, twin), = _both(kernel, args, last)
+        want = reference.silu_mul(up.times(normed, True), gate.times(normed, True))
+    else:
+        compiled, twin = outs[1], outs_twin[1]
+        want = up.times(normed, True)
+    reference.assert_close(compiled, want, 1e-4)
+    reference.assert_close(twin, want, 1e-4)
+
+
 def _parallel_loops(kernel, args) -> int:
     """How many parallel loops numba makes of `kernel` for these arguments, compiled afresh (a
     kernel loaded from the cache carries no diagnostics)."""
@@ -212,6 +252,16 @@ def test_the_one_thread_lane_kernels_start_no_parallel_loop(gated):
             *lane_kernels.x_buffers(1, ic, block), outs)
     kernel = lane_kernels.lanes_gated_serial if gated else lane_kernels.lanes_group_serial
     assert _parallel_loops(kernel, (*args, np.empty((1, oc), np.float32)) if gated else args) == 0
+    # with the norm folded in: still none on one thread, and the parallel kernel launches only the lane
+    # kernel's own loops (the norm runs on the calling thread, as the unfolded norm step did)
+    x = args[5]
+    norm = (x, x, x.copy(), np.ones(ic, np.float32), np.zeros(0, np.float32), 1e-6, True)
+    folded = (*norm, *args, *((np.empty((1, oc), np.float32),) if gated else ()))
+    serial, parallel = ((normed_linear.normed_lanes_gated_serial, normed_linear.normed_lanes_gated) if gated else
+                        (normed_linear.normed_lanes_group_serial, normed_linear.normed_lanes_group))
+    assert _parallel_loops(serial, folded) == 0
+    plain = lane_kernels.lanes_gated if gated else lane_kernels.lanes_group
+    assert _parallel_loops(parallel, folded) == _parallel_loops(plain, folded[len(norm):])
 
 
 # CPUs without AVX512-VNNI: numba compiles the lane dots for a Haswell (plain vector code), or

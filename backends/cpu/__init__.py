@@ -20,6 +20,8 @@ import numpy as np
 
 from mnngpu import jit  # noqa: F401 -- first: it tells numba where the kernel cache is
 
+GOMP_SPIN_ROUNDS = 10_000
+
 # A decode step launches ~100 parallel kernels: OpenMP's spin-waiting team starts one in ~2 us,
 # numba's workqueue pool in ~140 us (measured on 2 cores), which cost a third of each token.
 # OpenMP's spinning fought OpenBLAS's own spinning workers, so BLAS runs one thread per caller
@@ -27,6 +29,12 @@ from mnngpu import jit  # noqa: F401 -- first: it tells numba where the kernel c
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
     numba.config.THREADING_LAYER = "default"
+# libgomp's workers spin 300,000 rounds (milliseconds) after each parallel loop before they sleep: through
+# a prefill's attention, which runs its BLAS on the Python threads, they held a core and the attention
+# took 1.6x as long. 10,000 rounds still outlast the microseconds between a decode step's kernels.
+# libgomp reads this when numba first loads it, after this import; a user's own setting is kept.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", str(GOMP_SPIN_ROUNDS))
 
 from mnngpu.backend import Backend, BackendConfig, Capabilities, Tensor  # noqa: E402
 from mnngpu.backend.kv import HostStateCache  # noqa: E402
@@ -35,6 +43,7 @@ from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import KVCache  # noqa: E402
+from mnngpu.backends.cpu.ops.normed_linear import fold_norms  # noqa: E402
 
 # Results up to this size are copied into an earlier download's array of the same shape once the
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.
@@ -79,7 +88,7 @@ class CPUBackend(Backend):
         self.recording.begin()
 
     def onResizeEnd(self) -> None:  # noqa: N802
-        self.recording.end()
+        fold_norms(self.recording.end())
 
     def _plan_buffers(self, executions: list[PlannedExecution]) -> None:
         steps = [memory.PlannedStep(e.inputs, e.outputs, e.view_of) for e in executions]

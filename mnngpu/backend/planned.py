@@ -51,9 +51,11 @@ class Recording:
         else:
             self.executions.append(execution)
 
-    def end(self) -> None:
+    def end(self) -> list[PlannedExecution]:
+        """Bind the resize's executions; they are returned in run order."""
         executions, self.executions = self.executions or [], None
         self._bind(executions)
+        return executions
 
     def _bind(self, executions: list[PlannedExecution]) -> None:
         self.plan_buffers(executions)

@@ -9,7 +9,8 @@ from the decoded scales and zeros (small models, symmetric or fp16-alpha exports
   lane groups of 16 output rows (kernels/lane_kernels.py) and every row count, decode, a verify block or
   a prefill chunk, runs lane_kernels.lanes_group / lanes_gated on int16 activations (int8 with
   int8_activations). The file's
-  pages of the repacked arrays are released, so the weights are in memory once.
+  pages of the repacked arrays are released, so the weights are in memory once. A LayerNorm right
+  before such a layer runs in its kernel (ops/normed_linear.py).
 * Otherwise, decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup
   (q/k/v) in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
 * A few rows (a short prompt chunk): the same GEMVs, every row of x passing over each span of
@@ -180,6 +181,7 @@ class CPULinear(CPUExecution):
         self.x = self.value(self.inputs[0]).reshape(self.rows, first.ic)
         self.outs = [t.device.reshape(self.rows, -1) for t in self.outputs]
         self.gemv_calls = []
+        self.kernel_name = ""
         if not self.fused_gemv or (self.rows >= PREFILL_ROWS and not first.lanes):
             return
         # big matrices are split over the threads; small ones run faster without the hand-off
@@ -199,7 +201,16 @@ class CPULinear(CPUExecution):
             self.gemv_calls = [(*self._matrices(), self._spans(), self.x, first.nibbles, first.block,
                                 *kernels.row_buffers(self.rows, first.ic, first.block),
                                 *self._outputs_args(slice(None)))]
-        self.kernel = jit.runnable(pair[0] if parallel else pair[1], self.gemv_calls[0])
+        chosen = pair[0] if parallel else pair[1]
+        self.kernel_name = chosen.py_func.__name__
+        self.kernel = jit.runnable(chosen, self.gemv_calls[0])
+
+    def fold_norm(self, norm_args: tuple, kernel) -> None:
+        """Run the LayerNorm before this layer in its kernel (ops/normed_linear.py): `kernel` is the
+        folded twin of this layer's, taking the norm's arguments first."""
+        self.gemv_calls = [(*norm_args, *self.gemv_calls[0])]
+        self.kernel_name = kernel.py_func.__name__
+        self.kernel = jit.runnable(kernel, self.gemv_calls[0])
 
     def _lanes_call(self, rows: slice) -> tuple:
         """The lane kernel's arguments for rows `rows` of x, its work arrays in the backend's

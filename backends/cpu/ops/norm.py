@@ -78,6 +78,7 @@ class CPULayerNorm(CPUExecution):
         self.eps, self.rms = float(p.epsilon), bool(p.useRMSNorm)
 
     def bind(self):
+        self.folded = False   # set by normed_linear.fold_norms: the next linear's kernel does this step
         x = self.value(self.inputs[0])
         self.addends = None
         if len(self.inputs) > 1:   # addends of two shapes broadcast, as MNN's BinaryOp does
@@ -90,6 +91,8 @@ class CPULayerNorm(CPUExecution):
         self.norm_rows = jit.runnable(norm_rows, self.args)
 
     def onExecute(self, inputs, outputs):  # noqa: N802
+        if self.folded:
+            return
         if self.addends is not None:
             np.add(*self.addends, out=self.args[0].reshape(self.outputs[0].shape))
         self.norm_rows(*self.args)
