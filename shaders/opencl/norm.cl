@@ -9,13 +9,23 @@ inline float norm_apply(float x, float mean, float inv, int j, __global const fl
     return y;
 }
 
+// Both kernels take a residual: with has_residual, row r of x + residual goes to `total` first (a
+// decoder layer's residual add, as binary_flat_ADD stores it) and the norm is of that row, so the
+// add and the norm are one launch; without, residual and total are placeholders.
+#define RESIDUAL_ARGS __global const real_t* residual, __global real_t* total, const int has_residual
+
 // CPU devices: one work-item per row, no local memory.
 __kernel void norm_rows(__global real_t* out, __global const real_t* x, __global const float* gamma,
                         __global const float* beta, const int rows, const int width, const float eps,
-                        const int rms, const int has_gamma, const int has_beta) {
+                        const int rms, const int has_gamma, const int has_beta, RESIDUAL_ARGS) {
     const int r = get_global_id(0);
     if (r >= rows) return;
     const __global real_t* row = x + (size_t)r * width;
+    if (has_residual) {
+        const size_t at = (size_t)r * width;
+        for (int j = 0; j < width; j++) STORE(total, at + j, (float)(LOAD(x, at + j) + LOAD(residual, at + j)));
+        row = total + at;
+    }
     const int vec_end = width & ~3;
     float mean = 0.0f;
     if (!rms) {
@@ -53,10 +63,17 @@ inline float group_sum(float v, __local float* scratch) {
 __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1)))
 void norm_group(__global real_t* out, __global const real_t* x, __global const float* gamma,
                 __global const float* beta, const int rows, const int width, const float eps,
-                const int rms, const int has_gamma, const int has_beta) {
+                const int rms, const int has_gamma, const int has_beta, RESIDUAL_ARGS) {
     __local float scratch[NORM_WG];
     const int r = get_group_id(0), l = get_local_id(0);
     const __global real_t* row = x + (size_t)r * width;
+    if (has_residual) {
+        const size_t at = (size_t)r * width;
+        for (int j = l; j < width; j += NORM_WG)
+            STORE(total, at + j, (float)(LOAD(x, at + j) + LOAD(residual, at + j)));
+        barrier(CLK_GLOBAL_MEM_FENCE);   // the row's other lanes read what this one wrote
+        row = total + at;
+    }
     float mean = 0.0f;
     if (!rms) {
         float s = 0.0f;

@@ -1,7 +1,7 @@
 #version 450
 // `n` rows of activations times a weight part: Y[r, out_offset + o] = X[r] . W[o] + bias[o]
 // (-DGATED: up * silu(gate) of two layers). An invocation owns one quad of 4 output channels
-// and a tile of 8 activation rows (the workgroup's y): each dequantized weight group serves 32
+// and a tile of 8 activation rows (the workgroup's y): each unpacked weight group serves 32
 // outputs. No shared memory, no barriers.
 #include "common.glsl"
 #define TILE_ROWS 8u
@@ -14,6 +14,37 @@ layout(push_constant) uniform Push {
 } pc;
 #include "linear_weights.glsl"
 
+#if !defined(DENSE)
+// Each row as linear_gemv's row_times computes it (a block's codes times x, scaled once a block),
+// each group's codes unpacked once for the tile.
+void tile_times(uint layer, uint q, uint quads, uint row0, uint tile, out vec4 acc[TILE_ROWS]) {
+    uint ic4 = pc.ic / 4u;
+    uint groups = pc.block_size / 8u;
+    vec4 lo[4];
+    vec4 hi[4];
+    vec4 dots[TILE_ROWS];
+    vec4 xs[TILE_ROWS];
+    for (uint r = 0u; r < TILE_ROWS; r++) acc[r] = vec4(0.0);
+    for (uint b = 0u; b < pc.n_blocks; b++) {
+        for (uint r = 0u; r < TILE_ROWS; r++) {
+            dots[r] = vec4(0.0);
+            xs[r] = vec4(0.0);
+        }
+        for (uint g = b * groups; g < (b + 1u) * groups; g++) {
+            load_codes(layer, g, q, quads, lo, hi);
+            for (uint r = 0u; r < tile; r++) {
+                uint at = (row0 + r) * ic4 + 2u * g;
+                vec4 xa = x[at];
+                vec4 xb = x[at + 1u];
+                xs[r] += xa + xb;
+                dots[r] += quad_dot(lo, hi, xa, xb);
+            }
+        }
+        for (uint r = 0u; r < tile; r++) acc[r] += block_terms(layer, b, q, quads, dots[r], xs[r]);
+    }
+    for (uint r = 0u; r < tile; r++) acc[r] += layer_bias(layer, q);
+}
+#else
 void tile_times(uint layer, uint q, uint quads, uint row0, uint tile, out vec4 acc[TILE_ROWS]) {
     uint ic4 = pc.ic / 4u;
     for (uint r = 0u; r < TILE_ROWS; r++) acc[r] = layer_bias(layer, q);
@@ -27,6 +58,7 @@ void tile_times(uint layer, uint q, uint quads, uint row0, uint tile, out vec4 a
         }
     }
 }
+#endif
 
 void main() {
     uint q = gl_GlobalInvocationID.x;

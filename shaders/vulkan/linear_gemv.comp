@@ -51,12 +51,14 @@ bool choose_expert(int id, uint quads) {
 const uint x_base = 0u;
 #endif
 
-#if defined(Q4) || defined(Q8)
-// A block's codes times x are summed first and scaled once: sum (u s + z) x = s sum u x + z sum x,
-// so no weight is dequantized on its own (a multiply-add each, with the block's scale and zero
-// loaded for every group of 8): on lavapipe that was a fifth of the decode step's time.
+#if !defined(DENSE)
+// A block's codes times x, scaled once a block (linear_weights.glsl: load_codes, block_terms): on
+// lavapipe, dequantizing each weight on its own was a fifth of the decode step. linear_gemm.comp
+// gives each of its rows these very operations, so a batched row gets the bits it gets alone.
 vec4 row_times(uint layer, uint q, uint quads) {
     vec4 acc = vec4(0.0);
+    vec4 lo[4];
+    vec4 hi[4];
     uint groups = pc.block_size / 8u;
     for (uint b = 0u; b < pc.n_blocks; b++) {
         vec4 dots = vec4(0.0);
@@ -64,29 +66,11 @@ vec4 row_times(uint layer, uint q, uint quads) {
         for (uint g = b * groups; g < (b + 1u) * groups; g++) {
             vec4 xa = x[x_base + 2u * g];
             vec4 xb = x[x_base + 2u * g + 1u];
+            load_codes(layer, g, q, quads, lo, hi);
             xs += xa + xb;
-#if defined(Q4)
-            uint at = expert_weights + g * quads + q;
-            uvec4 word = PICK(layer, gate_weight[at], up_weight[at]);
-            for (uint c = 0u; c < 4u; c++) {
-                uint w = word[c];   // byte j: input j in its low nibble, input j + 4 in its high one
-                dots[c] += dot(vec4(uvec4(w, w >> 8u, w >> 16u, w >> 24u) & 0xFu), xa)
-                         + dot(vec4(uvec4(w >> 4u, w >> 12u, w >> 20u, w >> 28u) & 0xFu), xb);
-            }
-#else
-            uint at = expert_weights + (2u * g) * quads + q;
-            uvec4 first = PICK(layer, gate_weight[at], up_weight[at]);
-            uvec4 second = PICK(layer, gate_weight[at + quads], up_weight[at + quads]);
-            for (uint c = 0u; c < 4u; c++) {
-                uint u = first[c], v = second[c];   // byte j: input j, then input j + 4
-                dots[c] += dot(vec4(uvec4(u, u >> 8u, u >> 16u, u >> 24u) & 0xFFu), xa)
-                         + dot(vec4(uvec4(v, v >> 8u, v >> 16u, v >> 24u) & 0xFFu), xb);
-            }
-#endif
+            dots += quad_dot(lo, hi, xa, xb);
         }
-        uint sb = expert_blocks + b * quads + q;
-        acc += dots * PICK(layer, gate_scales[sb], up_scales[sb])
-             + PICK(layer, gate_zeros[sb], up_zeros[sb]) * (xs.x + xs.y + xs.z + xs.w);
+        acc += block_terms(layer, b, q, quads, dots, xs);
     }
     return acc + layer_bias(layer, q);
 }

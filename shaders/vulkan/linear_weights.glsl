@@ -77,6 +77,40 @@ void load_group(uint layer, uint g, uint q, uint quads, uint blk, out vec4 lo[4]
 #endif
 }
 
+#if !defined(DENSE)
+// The quad's codes for inputs 8g .. 8g + 7 as floats, unscaled: lo[c] inputs 0-3 of channel
+// 4q + c, hi[c] inputs 4-7. The kernels sum a block's codes times x and scale once a block:
+//     sum (u s + z) x = s sum u x + z sum x      (block_terms)
+void load_codes(uint layer, uint g, uint q, uint quads, out vec4 lo[4], out vec4 hi[4]) {
+#if defined(Q4)
+    uint at = expert_weights + g * quads + q;
+    uvec4 word = PICK(layer, gate_weight[at], up_weight[at]);
+    for (uint c = 0u; c < 4u; c++) {
+        uint w = word[c];   // byte j: input j in its low nibble, input j + 4 in its high one
+        lo[c] = vec4(uvec4(w, w >> 8u, w >> 16u, w >> 24u) & 0xFu);
+        hi[c] = vec4(uvec4(w >> 4u, w >> 12u, w >> 20u, w >> 28u) & 0xFu);
+    }
+#else
+    uint at = expert_weights + (2u * g) * quads + q;
+    uvec4 first = PICK(layer, gate_weight[at], up_weight[at]);
+    uvec4 second = PICK(layer, gate_weight[at + quads], up_weight[at + quads]);
+    for (uint c = 0u; c < 4u; c++) {
+        uint u = first[c], v = second[c];   // byte j: input j, then input j + 4
+        lo[c] = vec4(uvec4(u, u >> 8u, u >> 16u, u >> 24u) & 0xFFu);
+        hi[c] = vec4(uvec4(v, v >> 8u, v >> 16u, v >> 24u) & 0xFFu);
+    }
+#endif
+}
+
+// Block b's share of the quad's outputs: its scale times the codes' dot products, its zero times
+// the sum of x over the block (xs: that sum as 4 partial sums).
+vec4 block_terms(uint layer, uint b, uint q, uint quads, vec4 dots, vec4 xs) {
+    uint sb = expert_blocks + b * quads + q;
+    return dots * PICK(layer, gate_scales[sb], up_scales[sb])
+         + PICK(layer, gate_zeros[sb], up_zeros[sb]) * (xs.x + xs.y + xs.z + xs.w);
+}
+#endif
+
 vec4 layer_bias(uint layer, uint q) {
     return pc.has_bias != 0u ? PICK(layer, gate_bias[expert_bias + q], up_bias[expert_bias + q]) : vec4(0.0);
 }

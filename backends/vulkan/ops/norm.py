@@ -26,16 +26,21 @@ class VulkanLayerNorm(VulkanExecution):
             self.pack(backend, self.node)
         gamma, beta = self.node.weights["vulkan_norm"]
         x = inputs[0].device
-        if len(inputs) > 1:   # the residual sum first, into output 0; its norm goes to output 1
+        kernel, extra = "layer_norm", []
+        if len(inputs) > 1:   # the residual sum, into output 0; its norm goes to output 1
             total = outputs[0].device = backend._new_tensor(outputs[0])
-            push = pack_push("IIII6I6i6i", inputs[0].size, BINARY_CODES["ADD"], 1, 0, *padded((inputs[0].size,), ""),
-                             *padded((1,), ""), *padded((1,), ""))
-            self.dispatch("binary_f32", [x, inputs[1].device, total], push, element_groups(inputs[0].size))
-            x = total
+            if inputs[1].size == inputs[0].size:   # summed in the norm's own dispatch
+                kernel, extra = "layer_norm_residual", [inputs[1].device, total]
+            else:   # a broadcast add first
+                push = pack_push("IIII6I6i6i", inputs[0].size, BINARY_CODES["ADD"], 1, 0,
+                                 *padded((inputs[0].size,), ""), *padded((1,), ""), *padded((1,), ""))
+                self.dispatch("binary_f32", [x, inputs[1].device, total], push, element_groups(inputs[0].size))
+                x = total
         y = outputs[-1].device = backend._new_tensor(outputs[-1])
         push = pack_push("IIfIII", rows, n, float(p.epsilon), int(bool(p.useRMSNorm)), int(gamma is not None),
                          int(beta is not None))
-        self.dispatch("layer_norm", [x, gamma or backend.placeholder, beta or backend.placeholder, y], push, rows)
+        self.dispatch(kernel, [x, gamma or backend.placeholder, beta or backend.placeholder, y, *extra], push, rows,
+                      **({"writes": (3, 5)} if extra else {}))
 
 
 # This family's rows of the backend's op table (ops/__init__.py merges the families).
