@@ -533,3 +533,35 @@ def test_type_key_separates_exactly_what_numba_types_separate():
         for other_key, other_type in zip(keys[i + 1:], types_[i + 1:]):
             assert (key == other_key) <= (type_ == other_type), (key, type_, other_type)
     assert len(set(keys)) >= len(set(types_))
+
+
+def test_router_kernels_and_twins_match_the_host_rules():
+    """The CPU's router ops (backends/cpu/ops/routing.py: CPURouterOp) against the host rules of
+    mnngpu/ops/routing.py: softmax, the top k (ties: the lower index first) and a row sum."""
+    from types import SimpleNamespace
+
+    from mnngpu.backends.cpu.ops import routing as cpu_routing
+    from mnngpu.ops import routing as rules
+
+    rng = np.random.default_rng(RNG_SEED)
+    x = rng.normal(size=(3, 32)).astype(np.float32)
+    x[1, 5] = x[1, 9] = x[1, 20] = x[1].max() + 1   # a three-way tie for the top
+    want_soft = rules.softmax(SimpleNamespace(param=None), [x])
+    for largest in (True, False):
+        want_values, want_ids = rules.top_k(SimpleNamespace(param=SimpleNamespace(largest=largest)),
+                                            [x, np.array([4], np.int32)])
+        for kernel in (cpu_routing.top_k_rows, jit.TWINS[cpu_routing.top_k_rows]):
+            values, ids = np.empty((3, 4), np.float32), np.empty((3, 4), np.int32)
+            kernel(x, largest, values, ids)
+            assert np.array_equal(ids, want_ids) and np.array_equal(values, want_values)
+    for kernel in (cpu_routing.softmax_rows, jit.TWINS[cpu_routing.softmax_rows]):
+        got = np.empty_like(x)
+        kernel(x, got)
+        reference.assert_close(got, want_soft, 1e-6)
+    rows = want_soft[:, :4].copy()
+    want_sum = rules.reduction(SimpleNamespace(param=SimpleNamespace(operation="SUM", keepDims=False, dim=[1])),
+                               [rows])
+    for kernel in (cpu_routing.sum_rows, jit.TWINS[cpu_routing.sum_rows]):
+        got = np.empty(3, np.float32)
+        kernel(rows, got)
+        assert np.array_equal(got, want_sum)
