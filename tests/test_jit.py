@@ -20,7 +20,7 @@ import pytest
 from mnngpu import jit
 from mnngpu.backends.cpu.kernels import fastmath, lane_kernels
 from mnngpu.backends.cpu.kernels import linear_kernels as kernels
-from mnngpu.backends.cpu.ops import attention, norm, normed_linear, rope
+from mnngpu.backends.cpu.ops import attention, norm, rope
 from tests import reference
 
 RNG_SEED = 7
@@ -187,10 +187,10 @@ def test_lanes_gated_twin(kernel, xq_type, levels):
 
 
 @pytest.mark.parametrize("residual", [True, False])
-@pytest.mark.parametrize("kernel", [normed_linear.normed_lanes_group, normed_linear.normed_lanes_group_serial,
-                                    normed_linear.normed_lanes_gated, normed_linear.normed_lanes_gated_serial])
+@pytest.mark.parametrize("kernel", [norm.normed_lanes_group, norm.normed_lanes_group_serial,
+                                    norm.normed_lanes_gated, norm.normed_lanes_gated_serial])
 def test_normed_lanes_twin(kernel, residual):
-    """The norm folded into a lane kernel (backends/cpu/ops/normed_linear.py): the residual sum and the
+    """The norm folded into a lane kernel (backends/cpu/ops/norm.py: fold_norms): the residual sum and the
     RMSNorm written out, and the layer applied to that norm."""
     rng = np.random.default_rng(RNG_SEED)
     rows, ic, oc, block = 3, 128, 48, 64
@@ -255,13 +255,13 @@ def test_the_one_thread_lane_kernels_start_no_parallel_loop(gated):
     # with the norm folded in: still none on one thread, and the parallel kernel launches only the lane
     # kernel's own loops (the norm runs on the calling thread, as the unfolded norm step did)
     x = args[5]
-    norm = (x, x, x.copy(), np.ones(ic, np.float32), np.zeros(0, np.float32), 1e-6, True)
-    folded = (*norm, *args, *((np.empty((1, oc), np.float32),) if gated else ()))
-    serial, parallel = ((normed_linear.normed_lanes_gated_serial, normed_linear.normed_lanes_gated) if gated else
-                        (normed_linear.normed_lanes_group_serial, normed_linear.normed_lanes_group))
+    norm_args = (x, x, x.copy(), np.ones(ic, np.float32), np.zeros(0, np.float32), 1e-6, True)
+    folded = (*norm_args, *args, *((np.empty((1, oc), np.float32),) if gated else ()))
+    serial, parallel = ((norm.normed_lanes_gated_serial, norm.normed_lanes_gated) if gated else
+                        (norm.normed_lanes_group_serial, norm.normed_lanes_group))
     assert _parallel_loops(serial, folded) == 0
     plain = lane_kernels.lanes_gated if gated else lane_kernels.lanes_group
-    assert _parallel_loops(parallel, folded) == _parallel_loops(plain, folded[len(norm):])
+    assert _parallel_loops(parallel, folded) == _parallel_loops(plain, folded[len(norm_args):])
 
 
 # CPUs without AVX512-VNNI: numba compiles the lane dots for a Haswell (plain vector code), or

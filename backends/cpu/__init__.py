@@ -43,7 +43,7 @@ from mnngpu.backends.cpu import memory  # noqa: E402
 from mnngpu.backends.cpu.device import WorkerPool, launch_is_cheap, set_blas_threads  # noqa: E402
 from mnngpu.backends.cpu.ops import EXECUTIONS  # noqa: E402
 from mnngpu.backends.cpu.ops.attention import KVCache  # noqa: E402
-from mnngpu.backends.cpu.ops.normed_linear import fold_norms  # noqa: E402
+from mnngpu.backends.cpu.ops.norm import fold_norms  # noqa: E402
 
 # Results up to this size are copied into an earlier download's array of the same shape once the
 # caller has let go of it (a decode step's logits); the last few such arrays are kept.

@@ -309,6 +309,27 @@ def attention_scale(op_scale: float, head_dim: int, meta: KVMeta | None) -> floa
     return float(1.0 / np.sqrt(head_dim))
 
 
+def requantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_int8 of rows that may be an int8 cache's own codes times its scales (what a cache's
+    read() gives the prefix cache): max|x| / 127 can miss the scale those rows came from by a unit
+    in the last place, so each row takes the neighbouring float32 scale that decodes it exactly
+    where there is one, and writing back what was read stores the same codes and scales."""
+    x = np.asarray(x, dtype=np.float32)
+    codes, scale = quantize_int8(x)
+    exact = _decodes(codes, scale, x)
+    for candidate in (np.nextafter(scale, np.float32(0)), np.nextafter(scale, np.float32(np.inf))):
+        inverse = np.divide(np.float32(1.0), candidate, out=np.zeros_like(candidate), where=candidate > 0)
+        trial = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
+        better = ~exact & _decodes(trial, candidate, x)
+        codes[better], scale[better], exact = trial[better], candidate[better], exact | better
+    return codes, scale
+
+
+def _decodes(codes: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per row: whether codes times scale (float32) are exactly x."""
+    return np.all(codes.astype(np.float32) * scale[..., None] == x, axis=-1)
+
+
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (..., head_dim) -> int8 codes and float32 scales (...): the int8 KV cache's coding
     (attention_mode 1, 2). One symmetric scale per row, s = max|x| / 127, codes rint(x * (1/s)),

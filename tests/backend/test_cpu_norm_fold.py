@@ -1,5 +1,5 @@
 """The CPU backend folds each decoder norm into the int4 linear layer after it (backends/cpu/ops/
-normed_linear.py): the residual add, the RMSNorm and the quantization of x in one launch. The truth
+norm.py: fold_norms): the residual add, the RMSNorm and the quantization of x in one launch. The truth
 is the same engine with the fold off, which the conformance suite holds to MNN: the logits of a
 prefill and of every decode step must be bit-identical, and the norms must really have been folded."""
 
@@ -53,7 +53,7 @@ def test_folded_norms_give_the_unfolded_logits_bit_for_bit(name, monkeypatch):
 def test_a_folded_norm_step_does_nothing_and_a_broadcast_add_is_not_folded():
     """fold_norms takes a norm only where its output buffer is exactly the next linear's x and its
     addends are whole rows; the folded norm's own step then leaves its outputs alone."""
-    from mnngpu.backends.cpu.ops.normed_linear import _norm_args
+    from mnngpu.backends.cpu.ops.norm import _norm_args
 
     norm = CPULayerNorm.__new__(CPULayerNorm)
     out = np.zeros((1, 8), np.float32)

@@ -10,7 +10,7 @@ from the decoded scales and zeros (small models, symmetric or fp16-alpha exports
   a prefill chunk, runs lane_kernels.lanes_group / lanes_gated on int16 activations (int8 with
   int8_activations). The file's
   pages of the repacked arrays are released, so the weights are in memory once. A LayerNorm right
-  before such a layer runs in its kernel (ops/normed_linear.py).
+  before such a layer runs in its kernel (ops/norm.py: fold_norms).
 * Otherwise, decode (one row): linear_kernels.gemv_group runs every member of a fused LinearGroup
   (q/k/v) in one parallel launch; GatedLinear fuses gate, up and MUL_SILU.
 * A few rows (a short prompt chunk): the same GEMVs, every row of x passing over each span of
@@ -206,7 +206,7 @@ class CPULinear(CPUExecution):
         self.kernel = jit.runnable(chosen, self.gemv_calls[0])
 
     def fold_norm(self, norm_args: tuple, kernel) -> None:
-        """Run the LayerNorm before this layer in its kernel (ops/normed_linear.py): `kernel` is the
+        """Run the LayerNorm before this layer in its kernel (ops/norm.py: fold_norms): `kernel` is the
         folded twin of this layer's, taking the norm's arguments first."""
         self.gemv_calls = [(*norm_args, *self.gemv_calls[0])]
         self.kernel_name = kernel.py_func.__name__

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pyopencl as cl
 
-from mnngpu.backend.kv import attention_scale, grown_capacity, quantize_int8, reserve_moves
+from mnngpu.backend.kv import attention_scale, grown_capacity, requantize_int8, reserve_moves
 from mnngpu.backend.sequences import segments
 from mnngpu.backends.opencl.ops.base import FLAT_GROUP, Launch, OpenCLExecution
 from mnngpu.errors import MnnGpuError
@@ -117,7 +117,7 @@ class DeviceKVCache:
         self.ensure(keys.shape[1])
         for name, array in (("k", keys), ("v", values)):
             if self.int8[name == "v"]:
-                codes, scales = quantize_int8(array)
+                codes, scales = requantize_int8(array)
                 self._write_rows(getattr(self, name), codes)
                 self._write_rows(getattr(self, name + "_scale"), scales)
             else:

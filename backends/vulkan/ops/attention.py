@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnngpu.backend.device_caches import Slot
-from mnngpu.backend.kv import attention_scale, quantize_int8, reserve_moves
+from mnngpu.backend.kv import attention_scale, requantize_int8, reserve_moves
 from mnngpu.backend.sequences import segments
 from mnngpu.backends.vulkan.ops.base import VulkanExecution, element_groups
 from mnngpu.backends.vulkan.program import pack_push
@@ -134,7 +134,7 @@ class KVCache:
             if scales is None:
                 rows[:, :length] = array
             else:
-                codes, scale = quantize_int8(array)
+                codes, scale = requantize_int8(array)
                 rows[:, :length] = codes
                 all_scales = self._region(scales, 4).reshape(self.kv_heads, self.capacity)
                 all_scales[:, :length] = scale
