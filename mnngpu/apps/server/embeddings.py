@@ -18,12 +18,11 @@ from __future__ import annotations
 import base64
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter
 
 from mnngpu.apps.server.fields import EMBEDDINGS, refused_field
 from mnngpu.apps.server.kinds import EMBEDDING
 from mnngpu.apps.server.protocol import ApiError
-from mnngpu.apps.server.served_worker import ServedOnThread
+from mnngpu.apps.server.served_worker import ServedMetrics, ServedOnThread
 from mnngpu.engine.embedding_model import EmbeddingModel, unit_vectors
 from mnngpu.errors import InputError
 
@@ -31,26 +30,12 @@ MAX_INPUTS = 2048   # inputs per request, OpenAI's limit
 ENCODINGS = ("float", "base64")
 
 
-class EmbeddingMetrics:
-    """An embedding model's part of /metrics: the requests it ran, their inputs and their tokens."""
-
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("mnngpu_embedding_requests", "Embedding requests run", registry=self.registry)
-        self.inputs = Counter("mnngpu_embedding_inputs", "Inputs embedded", registry=self.registry)
-        self.tokens = Counter("mnngpu_embedding_tokens", "Tokens of the inputs embedded", registry=self.registry)
-
-    def record(self, inputs: int, tokens: int) -> None:
-        self.requests.inc()
-        self.inputs.inc(inputs)
-        self.tokens.inc(tokens)
-
-
 class ServedEmbeddingModel(ServedOnThread):
     kind = EMBEDDING
 
     def __init__(self, model: EmbeddingModel, name: str, created: int = 0):
-        super().__init__(model, name, EmbeddingMetrics(), created)
+        super().__init__(model, name, ServedMetrics("embedding", "inputs", "Inputs embedded",
+                                                   "Tokens of the inputs embedded"), created)
 
     @classmethod
     def load(cls, path, name: str, overrides: dict | None = None) -> ServedEmbeddingModel:

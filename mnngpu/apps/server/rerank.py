@@ -14,32 +14,21 @@ from __future__ import annotations
 
 import uuid
 
-from prometheus_client import CollectorRegistry, Counter
-
 from mnngpu.apps.server.embeddings import MAX_INPUTS
 from mnngpu.apps.server.fields import RERANK, refused_field
 from mnngpu.apps.server.kinds import RERANKER
 from mnngpu.apps.server.protocol import ApiError
-from mnngpu.apps.server.served_worker import ServedOnThread
+from mnngpu.apps.server.served_worker import ServedMetrics, ServedOnThread
 from mnngpu.engine.reranker import SUFFIX, Qwen3Reranker, rerank_prefix
 from mnngpu.errors import InputError
-
-
-class RerankMetrics:
-    """A reranker's part of /metrics: the requests it ran, the documents it scored and their tokens."""
-
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("mnngpu_rerank_requests", "Rerank requests run", registry=self.registry)
-        self.documents = Counter("mnngpu_rerank_documents", "Documents scored", registry=self.registry)
-        self.tokens = Counter("mnngpu_rerank_tokens", "Tokens of the prompts scored", registry=self.registry)
 
 
 class ServedReranker(ServedOnThread):
     kind = RERANKER
 
     def __init__(self, reranker: Qwen3Reranker, name: str, created: int = 0):
-        super().__init__(reranker, name, RerankMetrics(), created)
+        super().__init__(reranker, name, ServedMetrics("rerank", "documents", "Documents scored",
+                                                      "Tokens of the prompts scored"), created)
 
     @classmethod
     def load(cls, path, name: str, overrides: dict | None = None) -> ServedReranker:
@@ -101,10 +90,7 @@ async def create_rerank(served: ServedReranker, body: dict) -> dict:
     except InputError as exc:
         raise ApiError(400, str(exc), param="documents") from None
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
-    metrics = served.metrics
-    metrics.requests.inc()
-    metrics.documents.inc(len(documents))
-    metrics.tokens.inc(tokens)
+    served.metrics.record(len(documents), tokens)
     results = [{"index": i, "relevance_score": scores[i],
                 **({"document": {"text": documents[i]}} if body.get("return_documents") else {})} for i in order]
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": served.name, "results": results,

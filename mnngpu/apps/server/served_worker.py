@@ -9,7 +9,25 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from prometheus_client import CollectorRegistry, Counter
+
 from mnngpu.apps.server.protocol import ApiError
+
+
+class ServedMetrics:
+    """A served model's part of /metrics: mnngpu_<kind>_requests, mnngpu_<kind>_<items> (the inputs
+    embedded, the documents scored) and mnngpu_<kind>_tokens."""
+
+    def __init__(self, kind: str, items: str, items_help: str, tokens_help: str):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(f"mnngpu_{kind}_requests", f"{kind.capitalize()} requests run", registry=self.registry)
+        self.items = Counter(f"mnngpu_{kind}_{items}", items_help, registry=self.registry)
+        self.tokens = Counter(f"mnngpu_{kind}_tokens", tokens_help, registry=self.registry)
+
+    def record(self, items: int, tokens: int) -> None:
+        self.requests.inc()
+        self.items.inc(items)
+        self.tokens.inc(tokens)
 
 
 class ServedOnThread:
